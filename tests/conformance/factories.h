@@ -1,0 +1,18 @@
+// Factories for the conformance suite's instantiations: one per way of
+// reaching a filesystem (see factories.cc). A new backend adds a factory here
+// and one INSTANTIATE line in conformance_test.cc.
+#pragma once
+
+#include "tests/conformance/fs_ops.h"
+
+namespace agentvfs::conformance {
+
+// Real syscalls on a plain temporary directory: the POSIX reference that
+// proves each expectation of the suite is itself right.
+FsOpsFactory NativeFactory();
+// The vfs API: Router{ /workspace -> LocalDirBackend(temporary directory) }.
+FsOpsFactory LocalDirApiFactory();
+// Real syscalls on MOUNTPOINT/workspace of `agentvfs mount`.
+FsOpsFactory FuseFactory();
+
+}  // namespace agentvfs::conformance
