@@ -277,6 +277,10 @@ bool MountedView::IsMounted(const std::string& path) {
   return !MountsAt(path).empty();
 }
 
+size_t MountedView::MountCount(const std::string& path) {
+  return MountsAt(path).size();
+}
+
 std::optional<std::string> MountedView::MountType(const std::string& path) {
   auto mounts = MountsAt(path);
   if (mounts.empty()) return std::nullopt;

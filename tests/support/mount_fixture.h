@@ -79,6 +79,8 @@ class MountedView {
 
   // True when `path` is a mount point in /proc/self/mountinfo.
   static bool IsMounted(const std::string& path);
+  // How many mounts are stacked at `path` (0 when none).
+  static size_t MountCount(const std::string& path);
   // Filesystem type of the topmost mount at `path` ("fuse.agentvfs"), or
   // nullopt when nothing is mounted there.
   static std::optional<std::string> MountType(const std::string& path);
