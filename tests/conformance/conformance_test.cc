@@ -193,6 +193,25 @@ TEST_P(ConformanceTest, ReadAndWriteAdvanceTheFilePosition) {
   EXPECT_EQ(back, "hello WORLD!");
 }
 
+TEST_P(ConformanceTest, WritesAreVisibleAtOnceToOtherDescriptors) {
+  // No close, no fsync: another reader (tail -f, a compiler reading what an
+  // editor just wrote) sees the bytes and the new size immediately.
+  ASSERT_OK_AND_ASSIGN(int writer, fs().Open("f", O_WRONLY | O_CREAT, 0644));
+  ASSERT_OK_AND_ASSIGN(int reader, fs().Open("f", O_RDONLY));
+  ASSERT_OK(WriteAll(fs(), writer, "first"));
+  ASSERT_OK_AND_ASSIGN(auto st, fs().Stat("f"));
+  EXPECT_EQ(st.st_size, 5);
+  ASSERT_OK_AND_ASSIGN(std::string seen, PreadString(fs(), reader, 100, 0));
+  EXPECT_EQ(seen, "first");
+  ASSERT_OK(WriteAll(fs(), writer, " second"));
+  ASSERT_OK_AND_ASSIGN(st, fs().Fstat(reader));
+  EXPECT_EQ(st.st_size, 12);
+  ASSERT_OK_AND_ASSIGN(seen, PreadString(fs(), reader, 100, 0));
+  EXPECT_EQ(seen, "first second");
+  ASSERT_OK(fs().Close(reader));
+  ASSERT_OK(fs().Close(writer));
+}
+
 TEST_P(ConformanceTest, PwriteAndPreadUseTheirOffsetAndKeepThePosition) {
   ASSERT_OK_AND_ASSIGN(int fd, fs().Open("f", O_RDWR | O_CREAT, 0644));
   ASSERT_OK_AND_ASSIGN(size_t n, fs().Pwrite(fd, "tail", 4, 10));
@@ -327,6 +346,10 @@ TEST_P(ConformanceTest, OpenWithTruncEmptiesTheFile) {
   ASSERT_OK(fs().Close(fd));
   ASSERT_OK_AND_ASSIGN(std::string back, ReadFile(fs(), "f"));
   EXPECT_EQ(back, "ab");
+  // O_CREAT without O_TRUNC opens an existing file as it is.
+  ASSERT_OK(WriteFile(fs(), "f", "X", O_WRONLY | O_CREAT));
+  ASSERT_OK_AND_ASSIGN(back, ReadFile(fs(), "f"));
+  EXPECT_EQ(back, "Xb");
   // O_CREAT|O_TRUNC on an existing file truncates it too.
   ASSERT_OK(WriteFile(fs(), "f", "", O_WRONLY | O_CREAT | O_TRUNC));
   ASSERT_OK_AND_ASSIGN(st, fs().Stat("f"));
@@ -461,7 +484,12 @@ TEST_P(ConformanceTest, RenameMovesADirectoryWithItsContents) {
 TEST_P(ConformanceTest, RenameReplacesAnExistingFile) {
   ASSERT_OK(WriteFile(fs(), "new", "new content"));
   ASSERT_OK(WriteFile(fs(), "old", "old content that is longer"));
+  ASSERT_OK_AND_ASSIGN(int reader, fs().Open("old", O_RDONLY));
   ASSERT_OK(fs().Rename("new", "old"));  // how editors save atomically
+  // A reader that opened the old file keeps reading the old file.
+  ASSERT_OK_AND_ASSIGN(std::string was, ReadAll(fs(), reader));
+  EXPECT_EQ(was, "old content that is longer");
+  ASSERT_OK(fs().Close(reader));
   EXPECT_ERRNO(fs().Stat("new"), ENOENT);
   ASSERT_OK_AND_ASSIGN(std::string back, ReadFile(fs(), "old"));
   EXPECT_EQ(back, "new content");
@@ -708,6 +736,11 @@ TEST_P(ConformanceTest, StatFollowsSymlinksAndLstatDoesNot) {
   ASSERT_OK_AND_ASSIGN(lst, fs().Lstat("to_file"));
   EXPECT_TRUE(S_ISLNK(lst.st_mode)) << "writing through a link keeps the link";
   EXPECT_ERRNO(fs().Open("to_file", O_RDONLY | O_NOFOLLOW), ELOOP);
+
+  ASSERT_OK(fs().Symlink("loop2", "loop1"));
+  ASSERT_OK(fs().Symlink("loop1", "loop2"));
+  EXPECT_ERRNO(fs().Stat("loop1"), ELOOP);
+  EXPECT_ERRNO(fs().Open("loop1", O_RDONLY), ELOOP);
 }
 
 TEST_P(ConformanceTest, ReadDirListsEveryEntryExactlyOnce) {

@@ -34,8 +34,7 @@ TEST(MountLifecycleTest, MountAppearsAndDisappearsCleanly) {
   EXPECT_EQ(MountedView::MountType(view->mountpoint()), "fuse.agentvfs");
   EXPECT_EQ(MountedView::MountCount(view->mountpoint()), 1u);
 
-  // The root lists the workspace, which is the host directory.
-  EXPECT_EQ(ListDir(view->mountpoint()), std::vector<std::string>{"workspace"});
+  // MOUNTPOINT/workspace is the host directory.
   struct stat st;
   ASSERT_EQ(stat((view->mountpoint() + "/workspace").c_str(), &st), 0)
       << std::strerror(errno);
@@ -120,6 +119,38 @@ TEST(MountLifecycleTest, BackgroundReturnsOnceMounted) {
   EXPECT_TRUE(testing::LazyUnmount(mountpoint.path()));
 }
 
+class ViewFreshnessTest : public MountedWorkspaceTest {};
+
+// A person inspecting an agent's workspace through a mount must see what is
+// there now: a change made beside the mount (the agent writing its files
+// directly) shows in the view within a few seconds, not never.
+TEST_F(ViewFreshnessTest, HostChangesAppearInTheView) {
+  ASSERT_TRUE(WriteFileAt(Host("f"), "old contents"));
+  ASSERT_EQ(ReadFileAt(View("f")), "old contents");  // now cached, if at all
+  ASSERT_EQ(ListDir(View()), std::vector<std::string>{"f"});
+
+  ASSERT_TRUE(WriteFileAt(Host("f"), "new, longer contents"));
+  ASSERT_TRUE(WriteFileAt(Host("g"), "added"));
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+  while (std::chrono::steady_clock::now() < deadline &&
+         (ReadFileAt(View("f")) != "new, longer contents" ||
+          ListDir(View()) != std::vector<std::string>{"f", "g"})) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  EXPECT_EQ(ReadFileAt(View("f")), "new, longer contents");
+  EXPECT_EQ(ListDir(View()), (std::vector<std::string>{"f", "g"}));
+  EXPECT_EQ(ReadFileAt(View("g")), "added");
+
+  ASSERT_EQ(unlink(Host("g").c_str()), 0);
+  deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+  struct stat st;
+  while (std::chrono::steady_clock::now() < deadline &&
+         lstat(View("g").c_str(), &st) == 0) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  EXPECT_NE(lstat(View("g").c_str(), &st), 0) << "a deleted file lingers";
+}
+
 TEST(MountLifecycleTest, RootOfTheViewIsNotWritable) {
   TempDir workspace("agentvfs-e2e-ws"), mountpoint("agentvfs-e2e-mnt");
   std::string error;
@@ -136,7 +167,17 @@ TEST(MountLifecycleTest, RootOfTheViewIsNotWritable) {
   EXPECT_NE(rename((root + "/workspace").c_str(), (root + "/moved").c_str()),
             0);
   EXPECT_EQ(errno, EBUSY);
-  EXPECT_EQ(ListDir(root), std::vector<std::string>{"workspace"});
+  EXPECT_EQ(view->Stop(), 0) << view->Log();
+}
+
+TEST(MountLifecycleTest, RootListsTheWorkspace) {
+  TempDir workspace("agentvfs-e2e-ws"), mountpoint("agentvfs-e2e-mnt");
+  std::string error;
+  auto view =
+      MountedView::Start(workspace.path(), mountpoint.path(), {}, &error);
+  ASSERT_NE(view, nullptr) << error;
+  // `ls MOUNTPOINT` is how a person finds their way in.
+  EXPECT_EQ(ListDir(view->mountpoint()), std::vector<std::string>{"workspace"});
   EXPECT_EQ(view->Stop(), 0) << view->Log();
 }
 
