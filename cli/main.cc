@@ -1,1 +1,20 @@
-int main() { return 0; }
+// The `agentvfs` command line: parses arguments and hands each subcommand to
+// the library code that does the work.
+#include <CLI/CLI.hpp>
+
+#include "cli/mount_command.h"
+
+int main(int argc, char** argv) {
+  CLI::App app{
+      "agentvfs: one filesystem for LLM agents - /workspace from the sandbox, "
+      "/memories and /skills from a shared store"};
+  app.require_subcommand(1);
+  int exit_code = 0;
+  agentvfs::cli::AddMountCommand(app, &exit_code);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  }
+  return exit_code;
+}

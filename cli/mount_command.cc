@@ -1,1 +1,107 @@
-// placeholder: being written
+// `agentvfs mount --workspace DIR MOUNTPOINT`: the routed view (today
+// /workspace; /memories and /skills come with the store) served over FUSE.
+#include "cli/mount_command.h"
+
+#include <spdlog/spdlog.h>
+#include <sys/stat.h>
+
+#include <iostream>
+#include <memory>
+
+#include "backends/local_dir/local_dir.h"
+#include "router/router.h"
+#include "vfs/fuse/fuse_frontend.h"
+
+namespace agentvfs::cli {
+namespace {
+
+struct MountArgs {
+  std::string workspace;
+  std::string mountpoint;
+  bool background = false;
+  bool allow_other = false;
+  bool debug = false;
+  bool single_thread = false;
+  bool no_writeback = false;
+  double timeout = 1.0;
+  unsigned threads = 8;
+};
+
+int RunMount(const MountArgs& a) {
+  auto router = std::make_unique<router::Router>();
+  auto ws = backends::LocalDirBackend::Open(a.workspace);
+  if (!ws) {
+    std::cerr << "agentvfs mount: " << ws.error().message << "\n";
+    return 2;
+  }
+  vfs::Backend* ws_backend = router->Adopt(std::move(*ws));
+  if (auto ok = router->Mount("/workspace", ws_backend); !ok) {
+    std::cerr << "agentvfs mount: " << ok.error().message << "\n";
+    return 2;
+  }
+
+  fuse::FuseOptions options;
+  options.mountpoint = a.mountpoint;
+  options.allow_other = a.allow_other;
+  options.debug = a.debug;
+  options.single_threaded = a.single_thread;
+  options.writeback_cache = !a.no_writeback;
+  options.entry_timeout = a.timeout;
+  options.attr_timeout = a.timeout;
+  options.max_threads = a.threads;
+  // The kernel already applied the calling process's umask to every mode it
+  // sends; the daemon must not apply its own on top.
+  umask(0);
+  auto server = fuse::FuseServer::Mount(*router, options);
+  if (!server) {
+    std::cerr << "agentvfs mount: " << server.error().message << "\n";
+    return 1;
+  }
+  if (auto ok = (*server)->HandleSignals(); !ok) {
+    std::cerr << "agentvfs mount: " << ok.error().message << "\n";
+    return 1;
+  }
+  if (a.background) {
+    if (auto ok = (*server)->Daemonize(); !ok) {
+      std::cerr << "agentvfs mount: " << ok.error().message << "\n";
+      return 1;
+    }
+  } else {
+    spdlog::info("mounted {} at {} (Ctrl-C or `fusermount3 -u {}` to unmount)",
+                 a.workspace, a.mountpoint, a.mountpoint);
+  }
+  auto ran = (*server)->Run();
+  (*server)->Unmount();
+  if (!ran) {
+    spdlog::error("{}", ran.error().message);
+    return 1;
+  }
+  return 0;
+}
+
+}  // namespace
+
+void AddMountCommand(CLI::App& app, int* exit_code) {
+  auto args = std::make_shared<MountArgs>();
+  auto* cmd = app.add_subcommand("mount", "Mount the routed view (/workspace, ...) with FUSE");
+  cmd->add_option("--workspace", args->workspace, "Host directory served as /workspace")
+      ->required()
+      ->check(CLI::ExistingDirectory);
+  cmd->add_option("mountpoint", args->mountpoint, "Empty directory to mount the view on")
+      ->required();
+  cmd->add_flag("--background", args->background, "Detach once mounted");
+  cmd->add_flag("--allow-other", args->allow_other,
+                "Let other users (e.g. a sandbox under another uid) use the mount");
+  cmd->add_flag("--debug", args->debug, "Trace every FUSE request on stderr");
+  cmd->add_flag("--single-thread", args->single_thread, "Serve requests on one thread");
+  cmd->add_flag("--no-writeback-cache", args->no_writeback,
+                "Send every write to the backend at once (slower)");
+  cmd->add_option("--cache-timeout", args->timeout,
+                  "Seconds the kernel may cache names and attributes")
+      ->check(CLI::Range(0.0, 3600.0));
+  cmd->add_option("--threads", args->threads, "Maximum FUSE worker threads")
+      ->check(CLI::Range(1u, 256u));
+  cmd->callback([args, exit_code] { *exit_code = RunMount(*args); });
+}
+
+}  // namespace agentvfs::cli

@@ -1,1 +1,926 @@
-// placeholder: being written
+// libfuse3 low-level callbacks over a vfs::Backend: the node table, the
+// translation of FUSE requests into Backend calls, and mount/unmount.
+#define FUSE_USE_VERSION 314
+#include "vfs/fuse/fuse_frontend.h"
+
+#include <fuse3/fuse_lowlevel.h>
+#include <spdlog/sinks/stdout_sinks.h>
+#include <spdlog/spdlog.h>
+#include <sys/stat.h>
+#include <sys/uio.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <climits>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <mutex>
+#include <new>
+#include <sstream>
+#include <string_view>
+#include <unordered_map>
+
+namespace agentvfs::fuse {
+
+using vfs::Attr;
+using vfs::Caller;
+using vfs::Error;
+using vfs::Fail;
+using vfs::Path;
+using vfs::Result;
+using vfs::Status;
+
+namespace {
+
+std::shared_ptr<spdlog::logger> Log() {
+  static std::shared_ptr<spdlog::logger> logger = [] {
+    auto existing = spdlog::get("fuse");
+    return existing ? existing : spdlog::stderr_logger_mt("fuse");
+  }();
+  return logger;
+}
+
+// Mount points in mountinfo escape space, tab, newline and backslash as \ooo.
+std::string UnescapeMountinfo(std::string_view s) {
+  std::string out;
+  for (size_t i = 0; i < s.size(); ++i) {
+    if (s[i] == '\\' && i + 3 < s.size()) {
+      int v = 0;
+      bool ok = true;
+      for (size_t k = 1; k <= 3; ++k) {
+        char ch = s[i + k];
+        if (ch < '0' || ch > '7') ok = false;
+        v = v * 8 + (ch - '0');
+      }
+      if (ok) {
+        out.push_back(static_cast<char>(v));
+        i += 3;
+        continue;
+      }
+    }
+    out.push_back(s[i]);
+  }
+  return out;
+}
+
+// Absolute form of `path` without requiring it to be reachable (a dead FUSE
+// mount cannot be stat'ed, so realpath of the parent + the name is used).
+std::string AbsoluteOf(const std::string& path) {
+  std::string p = path;
+  while (p.size() > 1 && p.back() == '/') p.pop_back();
+  std::string parent = ".", name = p;
+  if (auto slash = p.rfind('/'); slash != std::string::npos) {
+    parent = slash == 0 ? "/" : p.substr(0, slash);
+    name = p.substr(slash + 1);
+  }
+  char buf[PATH_MAX];
+  if (realpath(parent.c_str(), buf) == nullptr) return p;
+  std::string out = buf;
+  if (name.empty() || name == ".") return out;
+  if (out != "/") out += "/";
+  return out + name;
+}
+
+}  // namespace
+
+bool IsMountPoint(const std::string& path) {
+  const std::string abs = AbsoluteOf(path);
+  std::ifstream in("/proc/self/mountinfo");
+  std::string line;
+  while (std::getline(in, line)) {
+    std::istringstream fields(line);
+    std::string id, parent, devs, root, mnt;
+    fields >> id >> parent >> devs >> root >> mnt;
+    if (UnescapeMountinfo(mnt) == abs) return true;
+  }
+  return false;
+}
+
+Status CheckMountPoint(const std::string& path) {
+  if (path.empty()) return Fail(EINVAL, "no mount point given");
+  struct stat st;
+  if (stat(path.c_str(), &st) != 0) {
+    int err = errno;
+    if (err == ENOTCONN || err == ECONNABORTED)
+      return Fail(EBUSY, "'" + path +
+                             "' is a dead FUSE mount (its daemon is gone); clear it with "
+                             "`fusermount3 -u " + path + "` and mount again");
+    if (err == ENOENT)
+      return Fail(ENOENT, "mount point '" + path + "' does not exist; create it with mkdir first");
+    return Fail(err, "cannot use mount point '" + path + "': " + std::strerror(err));
+  }
+  if (!S_ISDIR(st.st_mode))
+    return Fail(ENOTDIR, "mount point '" + path + "' is not a directory");
+  if (IsMountPoint(path))
+    return Fail(EBUSY, "'" + path + "' is already mounted; unmount it with `fusermount3 -u " +
+                           path + "` or choose another directory");
+  return {};
+}
+
+// ---------------------------------------------------------------------------
+
+class FuseServer::Impl {
+ public:
+  Impl(vfs::Backend& backend, FuseOptions options)
+      : backend_(backend), options_(std::move(options)) {
+    nodes_.emplace(FUSE_ROOT_ID, Node{0, "", 1});
+  }
+  ~Impl() { Teardown(); }
+
+  Status Start();
+  Status Run();
+  void Teardown();
+
+  // --- node table -------------------------------------------------------
+  struct Node {
+    fuse_ino_t parent;  // 0 for the root and for detached nodes
+    std::string name;
+    uint64_t nlookup;
+    bool detached = false;  // unlinked or replaced: has no path any more
+  };
+  struct ChildKey {
+    fuse_ino_t parent;
+    std::string name;
+    bool operator==(const ChildKey&) const = default;
+  };
+  struct ChildKeyHash {
+    size_t operator()(const ChildKey& k) const {
+      return std::hash<std::string>{}(k.name) * 31 + std::hash<fuse_ino_t>{}(k.parent);
+    }
+  };
+
+  Result<Path> PathOf(fuse_ino_t ino) {
+    std::lock_guard lock(table_mu_);
+    return PathOfLocked(ino);
+  }
+  Result<Path> PathOfLocked(fuse_ino_t ino) {
+    std::vector<const std::string*> names;
+    while (ino != FUSE_ROOT_ID) {
+      auto it = nodes_.find(ino);
+      if (it == nodes_.end() || it->second.detached)
+        return Fail(ESTALE, "file was removed or renamed; look it up again");
+      names.push_back(&it->second.name);
+      ino = it->second.parent;
+    }
+    std::string text;
+    for (auto n = names.rbegin(); n != names.rend(); ++n) {
+      text += '/';
+      text += **n;
+    }
+    return Path::Parse(text.empty() ? "/" : text);
+  }
+  Result<Path> ChildPath(fuse_ino_t parent, const char* name) {
+    auto p = PathOf(parent);
+    if (!p) return p;
+    return p->Child(name);
+  }
+
+  // Records one more kernel reference to (parent, name) and returns its id.
+  fuse_ino_t Remember(fuse_ino_t parent, const std::string& name) {
+    std::lock_guard lock(table_mu_);
+    auto it = children_.find(ChildKey{parent, name});
+    if (it != children_.end()) {
+      nodes_[it->second].nlookup++;
+      return it->second;
+    }
+    fuse_ino_t ino = next_ino_++;
+    nodes_.emplace(ino, Node{parent, name, 1});
+    children_.emplace(ChildKey{parent, name}, ino);
+    return ino;
+  }
+  void Forget(fuse_ino_t ino, uint64_t n) {
+    if (ino == FUSE_ROOT_ID) return;
+    std::lock_guard lock(table_mu_);
+    auto it = nodes_.find(ino);
+    if (it == nodes_.end()) return;
+    if (it->second.nlookup > n) {
+      it->second.nlookup -= n;
+      return;
+    }
+    if (!it->second.detached) {
+      auto c = children_.find(ChildKey{it->second.parent, it->second.name});
+      if (c != children_.end() && c->second == ino) children_.erase(c);
+    }
+    nodes_.erase(it);
+  }
+  // The name (parent, name) no longer refers to its node.
+  void Detach(fuse_ino_t parent, const std::string& name) {
+    std::lock_guard lock(table_mu_);
+    DetachLocked(parent, name);
+  }
+  void DetachLocked(fuse_ino_t parent, const std::string& name) {
+    auto c = children_.find(ChildKey{parent, name});
+    if (c == children_.end()) return;
+    nodes_[c->second].detached = true;
+    children_.erase(c);
+  }
+  void Moved(fuse_ino_t parent, const std::string& name, fuse_ino_t newparent,
+             const std::string& newname, unsigned flags) {
+    std::lock_guard lock(table_mu_);
+    auto from = children_.find(ChildKey{parent, name});
+    std::optional<fuse_ino_t> src;
+    if (from != children_.end()) {
+      src = from->second;
+      children_.erase(from);
+    }
+    std::optional<fuse_ino_t> dst;
+    if (auto to = children_.find(ChildKey{newparent, newname}); to != children_.end()) {
+      dst = to->second;
+      children_.erase(to);
+    }
+    if (src) {
+      nodes_[*src].parent = newparent;
+      nodes_[*src].name = newname;
+      children_.emplace(ChildKey{newparent, newname}, *src);
+    }
+    if (dst) {
+      if (flags & RENAME_EXCHANGE) {
+        nodes_[*dst].parent = parent;
+        nodes_[*dst].name = name;
+        children_.emplace(ChildKey{parent, name}, *dst);
+      } else {
+        nodes_[*dst].detached = true;
+      }
+    }
+  }
+
+  Caller CallerFor(fuse_req_t req) {
+    Caller c = options_.identity;
+    const fuse_ctx* ctx = fuse_req_ctx(req);
+    c.uid = ctx->uid;
+    c.gid = ctx->gid;
+    c.pid = ctx->pid;
+    c.request_id = next_request_.fetch_add(1, std::memory_order_relaxed);
+    return c;
+  }
+
+  // Replies an entry for (parent, name) with attributes `st`.
+  void ReplyEntry(fuse_req_t req, fuse_ino_t parent, std::string_view name, const Attr& st) {
+    fuse_entry_param e{};
+    e.ino = Remember(parent, std::string(name));
+    e.attr = st;
+    e.attr_timeout = options_.attr_timeout;
+    e.entry_timeout = options_.entry_timeout;
+    if (fuse_reply_entry(req, &e) != 0) Forget(e.ino, 1);
+  }
+  void ReplyError(fuse_req_t req, const Error& err) {
+    if (err.code == EIO) Log()->warn("I/O error: {}", err.ToString());
+    fuse_reply_err(req, err.code > 0 ? err.code : EIO);
+  }
+  // Stats `path`, then replies an entry for it under (parent, name).
+  void StatAndReplyEntry(fuse_req_t req, const Caller& c, fuse_ino_t parent, const Path& path) {
+    auto st = backend_.Stat(c, path);
+    if (!st) return ReplyError(req, st.error());
+    ReplyEntry(req, parent, path.Name(), *st);
+  }
+
+  vfs::Backend& backend_;
+  FuseOptions options_;
+  fuse_session* session_ = nullptr;
+  bool mounted_ = false;
+  bool signals_ = false;
+
+  std::mutex table_mu_;  // guards nodes_, children_, next_ino_
+  std::unordered_map<fuse_ino_t, Node> nodes_;
+  std::unordered_map<ChildKey, fuse_ino_t, ChildKeyHash> children_;
+  fuse_ino_t next_ino_ = FUSE_ROOT_ID + 1;
+
+  std::atomic<uint64_t> next_request_{1};
+};
+
+// An open directory: a snapshot of its entries taken at opendir.
+struct DirHandle {
+  std::vector<vfs::DirEntry> entries;
+};
+
+namespace {
+
+using Impl = FuseServer::Impl;
+
+void ReplyErr(fuse_req_t req, int err) { fuse_reply_err(req, err); }
+
+Impl* Self(fuse_req_t req) { return static_cast<Impl*>(fuse_req_userdata(req)); }
+vfs::FileHandle* FileOf(fuse_file_info* fi) {
+  return reinterpret_cast<vfs::FileHandle*>(fi->fh);
+}
+
+// Runs a callback body; converts escaping exceptions into error replies.
+template <typename F>
+void Guard(fuse_req_t req, const char* op, F&& body) {
+  try {
+    body();
+  } catch (const std::bad_alloc&) {
+    fuse_reply_err(req, ENOMEM);
+  } catch (const std::exception& e) {
+    Log()->error("{}: unexpected exception: {}", op, e.what());
+    fuse_reply_err(req, EIO);
+  } catch (...) {
+    Log()->error("{}: unexpected exception", op);
+    fuse_reply_err(req, EIO);
+  }
+}
+
+void OpInit(void* userdata, fuse_conn_info* conn) {
+  auto* self = static_cast<Impl*>(userdata);
+  auto want = [&](unsigned cap) {
+    if (conn->capable & cap) conn->want |= cap;
+  };
+  want(FUSE_CAP_SPLICE_WRITE);
+  want(FUSE_CAP_SPLICE_MOVE);
+  want(FUSE_CAP_SPLICE_READ);
+  want(FUSE_CAP_PARALLEL_DIROPS);
+  want(FUSE_CAP_ASYNC_DIO);
+  want(FUSE_CAP_ATOMIC_O_TRUNC);
+  if (self->options_.writeback_cache) want(FUSE_CAP_WRITEBACK_CACHE);
+  // Locks are taken by the kernel locally; the backend does not see them.
+  conn->want &= ~(FUSE_CAP_POSIX_LOCKS | FUSE_CAP_FLOCK_LOCKS);
+  conn->max_write = 1u << 20;
+  conn->max_readahead = 1u << 20;
+  conn->max_background = 64;
+  conn->congestion_threshold = 48;
+}
+
+void OpLookup(fuse_req_t req, fuse_ino_t parent, const char* name) {
+  Guard(req, "lookup", [&] {
+    auto* self = Self(req);
+    auto path = self->ChildPath(parent, name);
+    if (!path) return self->ReplyError(req, path.error());
+    self->StatAndReplyEntry(req, self->CallerFor(req), parent, *path);
+  });
+}
+
+void OpForget(fuse_req_t req, fuse_ino_t ino, uint64_t nlookup) {
+  Self(req)->Forget(ino, nlookup);
+  fuse_reply_none(req);
+}
+
+void OpForgetMulti(fuse_req_t req, size_t count, fuse_forget_data* forgets) {
+  auto* self = Self(req);
+  for (size_t i = 0; i < count; ++i) self->Forget(forgets[i].ino, forgets[i].nlookup);
+  fuse_reply_none(req);
+}
+
+void OpGetattr(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
+  Guard(req, "getattr", [&] {
+    auto* self = Self(req);
+    Result<Attr> st;
+    if (fi != nullptr && fi->fh != 0) {
+      st = FileOf(fi)->Stat();
+    } else {
+      auto path = self->PathOf(ino);
+      if (!path) return self->ReplyError(req, path.error());
+      st = self->backend_.Stat(self->CallerFor(req), *path);
+    }
+    if (!st) return self->ReplyError(req, st.error());
+    fuse_reply_attr(req, &*st, self->options_.attr_timeout);
+  });
+}
+
+void OpSetattr(fuse_req_t req, fuse_ino_t ino, struct stat* attr, int to_set,
+               fuse_file_info* fi) {
+  Guard(req, "setattr", [&] {
+    auto* self = Self(req);
+    auto path = self->PathOf(ino);
+    const bool has_fh = fi != nullptr && fi->fh != 0;
+    if (!path && !has_fh) return self->ReplyError(req, path.error());
+    Caller c = self->CallerFor(req);
+    auto& b = self->backend_;
+    if (to_set & FUSE_SET_ATTR_MODE) {
+      if (!path) return self->ReplyError(req, path.error());
+      if (auto r = b.Chmod(c, *path, attr->st_mode & 07777); !r)
+        return self->ReplyError(req, r.error());
+    }
+    if (to_set & (FUSE_SET_ATTR_UID | FUSE_SET_ATTR_GID)) {
+      if (!path) return self->ReplyError(req, path.error());
+      uid_t uid = (to_set & FUSE_SET_ATTR_UID) ? attr->st_uid : vfs::kKeepUid;
+      gid_t gid = (to_set & FUSE_SET_ATTR_GID) ? attr->st_gid : vfs::kKeepGid;
+      if (auto r = b.Chown(c, *path, uid, gid); !r) return self->ReplyError(req, r.error());
+    }
+    if (to_set & FUSE_SET_ATTR_SIZE) {
+      Status r = has_fh ? FileOf(fi)->Truncate(attr->st_size)
+                        : b.Truncate(c, *path, attr->st_size);
+      if (!r) return self->ReplyError(req, r.error());
+    }
+    if (to_set & (FUSE_SET_ATTR_ATIME | FUSE_SET_ATTR_MTIME)) {
+      if (!path) return self->ReplyError(req, path.error());
+      struct timespec ts[2];
+      ts[0].tv_nsec = UTIME_OMIT;
+      ts[1].tv_nsec = UTIME_OMIT;
+      ts[0].tv_sec = ts[1].tv_sec = 0;
+      if (to_set & FUSE_SET_ATTR_ATIME_NOW)
+        ts[0].tv_nsec = UTIME_NOW;
+      else if (to_set & FUSE_SET_ATTR_ATIME)
+        ts[0] = attr->st_atim;
+      if (to_set & FUSE_SET_ATTR_MTIME_NOW)
+        ts[1].tv_nsec = UTIME_NOW;
+      else if (to_set & FUSE_SET_ATTR_MTIME)
+        ts[1] = attr->st_mtim;
+      if (auto r = b.Utimens(c, *path, ts); !r) return self->ReplyError(req, r.error());
+    }
+    Result<Attr> st = has_fh ? FileOf(fi)->Stat() : b.Stat(c, *path);
+    if (!st) return self->ReplyError(req, st.error());
+    fuse_reply_attr(req, &*st, self->options_.attr_timeout);
+  });
+}
+
+void OpReadlink(fuse_req_t req, fuse_ino_t ino) {
+  Guard(req, "readlink", [&] {
+    auto* self = Self(req);
+    auto path = self->PathOf(ino);
+    if (!path) return self->ReplyError(req, path.error());
+    auto target = self->backend_.Readlink(self->CallerFor(req), *path);
+    if (!target) return self->ReplyError(req, target.error());
+    fuse_reply_readlink(req, target->c_str());
+  });
+}
+
+void OpMknod(fuse_req_t req, fuse_ino_t parent, const char* name, mode_t mode, dev_t rdev) {
+  Guard(req, "mknod", [&] {
+    auto* self = Self(req);
+    auto path = self->ChildPath(parent, name);
+    if (!path) return self->ReplyError(req, path.error());
+    Caller c = self->CallerFor(req);
+    Status r;
+    if (S_ISREG(mode)) {
+      auto h = self->backend_.Open(c, *path, O_CREAT | O_EXCL | O_WRONLY, mode & 07777);
+      if (h) r = (*h)->Flush();
+      else r = std::unexpected(h.error());
+    } else {
+      r = self->backend_.Mknod(c, *path, mode, rdev);
+    }
+    if (!r) return self->ReplyError(req, r.error());
+    self->StatAndReplyEntry(req, c, parent, *path);
+  });
+}
+
+void OpMkdir(fuse_req_t req, fuse_ino_t parent, const char* name, mode_t mode) {
+  Guard(req, "mkdir", [&] {
+    auto* self = Self(req);
+    auto path = self->ChildPath(parent, name);
+    if (!path) return self->ReplyError(req, path.error());
+    Caller c = self->CallerFor(req);
+    if (auto r = self->backend_.Mkdir(c, *path, mode & 07777); !r)
+      return self->ReplyError(req, r.error());
+    self->StatAndReplyEntry(req, c, parent, *path);
+  });
+}
+
+void OpUnlink(fuse_req_t req, fuse_ino_t parent, const char* name) {
+  Guard(req, "unlink", [&] {
+    auto* self = Self(req);
+    auto path = self->ChildPath(parent, name);
+    if (!path) return self->ReplyError(req, path.error());
+    if (auto r = self->backend_.Unlink(self->CallerFor(req), *path); !r)
+      return self->ReplyError(req, r.error());
+    self->Detach(parent, name);
+    fuse_reply_err(req, 0);
+  });
+}
+
+void OpRmdir(fuse_req_t req, fuse_ino_t parent, const char* name) {
+  Guard(req, "rmdir", [&] {
+    auto* self = Self(req);
+    auto path = self->ChildPath(parent, name);
+    if (!path) return self->ReplyError(req, path.error());
+    if (auto r = self->backend_.Rmdir(self->CallerFor(req), *path); !r)
+      return self->ReplyError(req, r.error());
+    self->Detach(parent, name);
+    fuse_reply_err(req, 0);
+  });
+}
+
+void OpSymlink(fuse_req_t req, const char* target, fuse_ino_t parent, const char* name) {
+  Guard(req, "symlink", [&] {
+    auto* self = Self(req);
+    auto path = self->ChildPath(parent, name);
+    if (!path) return self->ReplyError(req, path.error());
+    Caller c = self->CallerFor(req);
+    if (auto r = self->backend_.Symlink(c, target, *path); !r)
+      return self->ReplyError(req, r.error());
+    self->StatAndReplyEntry(req, c, parent, *path);
+  });
+}
+
+void OpRename(fuse_req_t req, fuse_ino_t parent, const char* name, fuse_ino_t newparent,
+              const char* newname, unsigned int flags) {
+  Guard(req, "rename", [&] {
+    auto* self = Self(req);
+    auto from = self->ChildPath(parent, name);
+    if (!from) return self->ReplyError(req, from.error());
+    auto to = self->ChildPath(newparent, newname);
+    if (!to) return self->ReplyError(req, to.error());
+    if (flags & ~(RENAME_NOREPLACE | RENAME_EXCHANGE))
+      return ReplyErr(req, EINVAL);
+    if (auto r = self->backend_.Rename(self->CallerFor(req), *from, *to, flags); !r)
+      return self->ReplyError(req, r.error());
+    self->Moved(parent, name, newparent, newname, flags);
+    fuse_reply_err(req, 0);
+  });
+}
+
+void OpLink(fuse_req_t req, fuse_ino_t ino, fuse_ino_t newparent, const char* newname) {
+  Guard(req, "link", [&] {
+    auto* self = Self(req);
+    auto from = self->PathOf(ino);
+    if (!from) return self->ReplyError(req, from.error());
+    auto to = self->ChildPath(newparent, newname);
+    if (!to) return self->ReplyError(req, to.error());
+    Caller c = self->CallerFor(req);
+    if (auto r = self->backend_.Link(c, *from, *to); !r) return self->ReplyError(req, r.error());
+    self->StatAndReplyEntry(req, c, newparent, *to);
+  });
+}
+
+// Flags for the backend, adjusted for what the kernel does itself.
+int BackendFlags(const Impl& self, int flags, fuse_file_info* fi) {
+  // O_DIRECT is honoured by the kernel (direct_io: no page cache for this
+  // file); the host file is opened normally so buffers need no alignment.
+  if (flags & O_DIRECT) {
+    fi->direct_io = 1;
+    flags &= ~O_DIRECT;
+  }
+  if (self.options_.writeback_cache) {
+    // With a writeback cache the kernel may read pages of a write-only file
+    // and appends at the size it knows; the host fd must allow both.
+    if ((flags & O_ACCMODE) == O_WRONLY) flags = (flags & ~O_ACCMODE) | O_RDWR;
+    flags &= ~O_APPEND;
+  }
+  return flags & ~(O_NOCTTY | O_ASYNC);
+}
+
+void OpOpen(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
+  Guard(req, "open", [&] {
+    auto* self = Self(req);
+    auto path = self->PathOf(ino);
+    if (!path) return self->ReplyError(req, path.error());
+    int flags = BackendFlags(*self, fi->flags, fi) & ~(O_CREAT | O_EXCL);
+    auto h = self->backend_.Open(self->CallerFor(req), *path, flags, 0);
+    if (!h) return self->ReplyError(req, h.error());
+    fi->fh = reinterpret_cast<uint64_t>(h->release());
+    fi->keep_cache = 1;  // FUSE_CAP_AUTO_INVAL_DATA drops it when mtime/size change
+    if (fuse_reply_open(req, fi) != 0) delete FileOf(fi);
+  });
+}
+
+void OpCreate(fuse_req_t req, fuse_ino_t parent, const char* name, mode_t mode,
+              fuse_file_info* fi) {
+  Guard(req, "create", [&] {
+    auto* self = Self(req);
+    auto path = self->ChildPath(parent, name);
+    if (!path) return self->ReplyError(req, path.error());
+    Caller c = self->CallerFor(req);
+    int flags = BackendFlags(*self, fi->flags, fi) | O_CREAT;
+    auto h = self->backend_.Open(c, *path, flags, mode & 07777);
+    if (!h) return self->ReplyError(req, h.error());
+    auto st = (*h)->Stat();
+    if (!st) return self->ReplyError(req, st.error());
+    fuse_entry_param e{};
+    e.ino = self->Remember(parent, name);
+    e.attr = *st;
+    e.attr_timeout = self->options_.attr_timeout;
+    e.entry_timeout = self->options_.entry_timeout;
+    fi->fh = reinterpret_cast<uint64_t>(h->release());
+    fi->keep_cache = 1;
+    if (fuse_reply_create(req, &e, fi) != 0) {
+      delete FileOf(fi);
+      self->Forget(e.ino, 1);
+    }
+  });
+}
+
+void OpRead(fuse_req_t req, fuse_ino_t, size_t size, off_t off, fuse_file_info* fi) {
+  Guard(req, "read", [&] {
+    auto* h = FileOf(fi);
+    if (int fd = h->NativeFd(); fd >= 0) {
+      // Zero-copy: libfuse splices straight from the host file.
+      fuse_bufvec buf = FUSE_BUFVEC_INIT(size);
+      buf.buf[0].flags = static_cast<fuse_buf_flags>(FUSE_BUF_IS_FD | FUSE_BUF_FD_SEEK);
+      buf.buf[0].fd = fd;
+      buf.buf[0].pos = off;
+      fuse_reply_data(req, &buf, FUSE_BUF_SPLICE_MOVE);
+      return;
+    }
+    std::unique_ptr<char[]> data(new char[size]);
+    auto n = h->Read(data.get(), size, off);
+    if (!n) return Self(req)->ReplyError(req, n.error());
+    fuse_reply_buf(req, data.get(), *n);
+  });
+}
+
+void OpWriteBuf(fuse_req_t req, fuse_ino_t, fuse_bufvec* in, off_t off, fuse_file_info* fi) {
+  Guard(req, "write", [&] {
+    auto* h = FileOf(fi);
+    const size_t size = fuse_buf_size(in);
+    const bool append = (fi->flags & O_APPEND) && !Self(req)->options_.writeback_cache;
+    if (int fd = h->NativeFd(); fd >= 0 && !append) {
+      fuse_bufvec out = FUSE_BUFVEC_INIT(size);
+      out.buf[0].flags = static_cast<fuse_buf_flags>(FUSE_BUF_IS_FD | FUSE_BUF_FD_SEEK);
+      out.buf[0].fd = fd;
+      out.buf[0].pos = off;
+      ssize_t n = fuse_buf_copy(&out, in, FUSE_BUF_SPLICE_NONBLOCK);
+      if (n < 0) return ReplyErr(req, static_cast<int>(-n));
+      fuse_reply_write(req, static_cast<size_t>(n));
+      return;
+    }
+    std::unique_ptr<char[]> data(new char[size]);
+    fuse_bufvec mem = FUSE_BUFVEC_INIT(size);
+    mem.buf[0].mem = data.get();
+    ssize_t copied = fuse_buf_copy(&mem, in, static_cast<fuse_buf_copy_flags>(0));
+    if (copied < 0) return ReplyErr(req, static_cast<int>(-copied));
+    auto n = h->Write(data.get(), static_cast<size_t>(copied), off);
+    if (!n) return Self(req)->ReplyError(req, n.error());
+    fuse_reply_write(req, *n);
+  });
+}
+
+void OpFlush(fuse_req_t req, fuse_ino_t, fuse_file_info* fi) {
+  Guard(req, "flush", [&] {
+    auto r = FileOf(fi)->Flush();
+    if (!r) return Self(req)->ReplyError(req, r.error());
+    fuse_reply_err(req, 0);
+  });
+}
+
+void OpRelease(fuse_req_t req, fuse_ino_t, fuse_file_info* fi) {
+  Guard(req, "release", [&] {
+    delete FileOf(fi);
+    fi->fh = 0;
+    fuse_reply_err(req, 0);
+  });
+}
+
+void OpFsync(fuse_req_t req, fuse_ino_t, int datasync, fuse_file_info* fi) {
+  Guard(req, "fsync", [&] {
+    auto r = FileOf(fi)->Sync(datasync != 0);
+    if (!r) return Self(req)->ReplyError(req, r.error());
+    fuse_reply_err(req, 0);
+  });
+}
+
+void OpOpendir(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
+  Guard(req, "opendir", [&] {
+    auto* self = Self(req);
+    auto path = self->PathOf(ino);
+    if (!path) return self->ReplyError(req, path.error());
+    auto entries = self->backend_.ReadDir(self->CallerFor(req), *path);
+    if (!entries) return self->ReplyError(req, entries.error());
+    auto dir = std::make_unique<DirHandle>();
+    dir->entries.reserve(entries->size() + 2);
+    dir->entries.push_back(vfs::DirEntry{".", 0, S_IFDIR});
+    dir->entries.push_back(vfs::DirEntry{"..", 0, S_IFDIR});
+    for (auto& e : *entries) dir->entries.push_back(std::move(e));
+    fi->fh = reinterpret_cast<uint64_t>(dir.release());
+    if (fuse_reply_open(req, fi) != 0) delete reinterpret_cast<DirHandle*>(fi->fh);
+  });
+}
+
+void OpReaddir(fuse_req_t req, fuse_ino_t, size_t size, off_t off, fuse_file_info* fi) {
+  Guard(req, "readdir", [&] {
+    auto* dir = reinterpret_cast<DirHandle*>(fi->fh);
+    std::unique_ptr<char[]> buf(new char[size]);
+    size_t used = 0;
+    for (size_t i = static_cast<size_t>(off); i < dir->entries.size(); ++i) {
+      const auto& e = dir->entries[i];
+      struct stat st{};
+      // glibc's readdir() hides entries whose d_ino is 0.
+      st.st_ino = e.ino != 0 ? e.ino : 0xffffffffu;
+      st.st_mode = e.type;
+      size_t need = fuse_add_direntry(req, buf.get() + used, size - used, e.name.c_str(), &st,
+                                      static_cast<off_t>(i + 1));
+      if (need > size - used) break;
+      used += need;
+    }
+    fuse_reply_buf(req, buf.get(), used);
+  });
+}
+
+void OpReleasedir(fuse_req_t req, fuse_ino_t, fuse_file_info* fi) {
+  delete reinterpret_cast<DirHandle*>(fi->fh);
+  fuse_reply_err(req, 0);
+}
+
+void OpFsyncdir(fuse_req_t req, fuse_ino_t, int, fuse_file_info*) { fuse_reply_err(req, 0); }
+
+void OpStatfs(fuse_req_t req, fuse_ino_t ino) {
+  Guard(req, "statfs", [&] {
+    auto* self = Self(req);
+    auto path = self->PathOf(ino);
+    if (!path) return self->ReplyError(req, path.error());
+    auto st = self->backend_.StatFs(self->CallerFor(req), *path);
+    if (!st) return self->ReplyError(req, st.error());
+    fuse_reply_statfs(req, &*st);
+  });
+}
+
+// ACLs stored as xattrs would not be enforced by the kernel's
+// default_permissions checks, so they are refused rather than silently kept.
+bool RefusedXattr(const char* name) { return std::strncmp(name, "system.", 7) == 0; }
+
+void OpSetxattr(fuse_req_t req, fuse_ino_t ino, const char* name, const char* value, size_t size,
+                int flags) {
+  Guard(req, "setxattr", [&] {
+    auto* self = Self(req);
+    if (RefusedXattr(name)) return ReplyErr(req, EOPNOTSUPP);
+    auto path = self->PathOf(ino);
+    if (!path) return self->ReplyError(req, path.error());
+    auto r = self->backend_.SetXattr(self->CallerFor(req), *path, name,
+                                     std::string(value, size), flags);
+    if (!r) return self->ReplyError(req, r.error());
+    fuse_reply_err(req, 0);
+  });
+}
+
+void ReplySized(fuse_req_t req, const std::string& data, size_t size) {
+  if (size == 0) {
+    fuse_reply_xattr(req, data.size());
+  } else if (data.size() > size) {
+    fuse_reply_err(req, ERANGE);
+  } else {
+    fuse_reply_buf(req, data.data(), data.size());
+  }
+}
+
+void OpGetxattr(fuse_req_t req, fuse_ino_t ino, const char* name, size_t size) {
+  Guard(req, "getxattr", [&] {
+    auto* self = Self(req);
+    if (RefusedXattr(name)) return ReplyErr(req, EOPNOTSUPP);
+    auto path = self->PathOf(ino);
+    if (!path) return self->ReplyError(req, path.error());
+    auto v = self->backend_.GetXattr(self->CallerFor(req), *path, name);
+    if (!v) return self->ReplyError(req, v.error());
+    ReplySized(req, *v, size);
+  });
+}
+
+void OpListxattr(fuse_req_t req, fuse_ino_t ino, size_t size) {
+  Guard(req, "listxattr", [&] {
+    auto* self = Self(req);
+    auto path = self->PathOf(ino);
+    if (!path) return self->ReplyError(req, path.error());
+    auto names = self->backend_.ListXattr(self->CallerFor(req), *path);
+    if (!names) return self->ReplyError(req, names.error());
+    std::string joined;
+    for (const auto& n : *names) {
+      joined += n;
+      joined.push_back('\0');
+    }
+    ReplySized(req, joined, size);
+  });
+}
+
+void OpRemovexattr(fuse_req_t req, fuse_ino_t ino, const char* name) {
+  Guard(req, "removexattr", [&] {
+    auto* self = Self(req);
+    if (RefusedXattr(name)) return ReplyErr(req, EOPNOTSUPP);
+    auto path = self->PathOf(ino);
+    if (!path) return self->ReplyError(req, path.error());
+    auto r = self->backend_.RemoveXattr(self->CallerFor(req), *path, name);
+    if (!r) return self->ReplyError(req, r.error());
+    fuse_reply_err(req, 0);
+  });
+}
+
+void OpFallocate(fuse_req_t req, fuse_ino_t, int mode, off_t offset, off_t length,
+                 fuse_file_info* fi) {
+  Guard(req, "fallocate", [&] {
+    auto r = FileOf(fi)->Allocate(mode, offset, length);
+    if (!r) return Self(req)->ReplyError(req, r.error());
+    fuse_reply_err(req, 0);
+  });
+}
+
+void OpLseek(fuse_req_t req, fuse_ino_t, off_t off, int whence, fuse_file_info* fi) {
+  Guard(req, "lseek", [&] {
+    int fd = FileOf(fi)->NativeFd();
+    if (fd < 0) return ReplyErr(req, ENOSYS);
+    off_t r = lseek(fd, off, whence);
+    if (r < 0) return ReplyErr(req, errno);
+    fuse_reply_lseek(req, r);
+  });
+}
+
+fuse_lowlevel_ops MakeOps() {
+  fuse_lowlevel_ops ops{};
+  ops.init = OpInit;
+  ops.lookup = OpLookup;
+  ops.forget = OpForget;
+  ops.forget_multi = OpForgetMulti;
+  ops.getattr = OpGetattr;
+  ops.setattr = OpSetattr;
+  ops.readlink = OpReadlink;
+  ops.mknod = OpMknod;
+  ops.mkdir = OpMkdir;
+  ops.unlink = OpUnlink;
+  ops.rmdir = OpRmdir;
+  ops.symlink = OpSymlink;
+  ops.rename = OpRename;
+  ops.link = OpLink;
+  ops.open = OpOpen;
+  ops.create = OpCreate;
+  ops.read = OpRead;
+  ops.write_buf = OpWriteBuf;
+  ops.flush = OpFlush;
+  ops.release = OpRelease;
+  ops.fsync = OpFsync;
+  ops.opendir = OpOpendir;
+  ops.readdir = OpReaddir;
+  ops.releasedir = OpReleasedir;
+  ops.fsyncdir = OpFsyncdir;
+  ops.statfs = OpStatfs;
+  ops.setxattr = OpSetxattr;
+  ops.getxattr = OpGetxattr;
+  ops.listxattr = OpListxattr;
+  ops.removexattr = OpRemovexattr;
+  ops.fallocate = OpFallocate;
+  ops.lseek = OpLseek;
+  return ops;
+}
+
+}  // namespace
+
+Status FuseServer::Impl::Start() {
+  if (auto ok = CheckMountPoint(options_.mountpoint); !ok) return ok;
+  std::string opts = "default_permissions,fsname=" + options_.fsname + ",subtype=agentvfs";
+  if (options_.allow_other) opts += ",allow_other";
+  std::vector<std::string> argv_text = {"agentvfs", "-o", opts};
+  if (options_.debug) argv_text.push_back("-d");
+  std::vector<char*> argv;
+  for (auto& a : argv_text) argv.push_back(a.data());
+  fuse_args args = FUSE_ARGS_INIT(static_cast<int>(argv.size()), argv.data());
+  static const fuse_lowlevel_ops ops = MakeOps();
+  session_ = fuse_session_new(&args, &ops, sizeof(ops), this);
+  if (session_ == nullptr)
+    return Fail(EINVAL, "libfuse refused the session options '" + opts + "'");
+  if (fuse_session_mount(session_, options_.mountpoint.c_str()) != 0) {
+    fuse_session_destroy(session_);
+    session_ = nullptr;
+    std::string hint = options_.allow_other
+                           ? " (allow_other needs root or user_allow_other in /etc/fuse.conf)"
+                           : " (is /dev/fuse available and fusermount3 installed?)";
+    return Fail(EIO, "cannot mount at '" + options_.mountpoint + "'" + hint);
+  }
+  mounted_ = true;
+  return {};
+}
+
+Status FuseServer::Impl::Run() {
+  if (session_ == nullptr) return {};
+  int rc;
+  if (options_.single_threaded) {
+    rc = fuse_session_loop(session_);
+  } else {
+    fuse_loop_config* cfg = fuse_loop_cfg_create();
+    fuse_loop_cfg_set_clone_fd(cfg, 1);
+    fuse_loop_cfg_set_max_threads(cfg, options_.max_threads);
+    fuse_loop_cfg_set_idle_threads(cfg, options_.max_threads / 2);
+    rc = fuse_session_loop_mt(session_, cfg);
+    fuse_loop_cfg_destroy(cfg);
+  }
+  // A signal ends the loop with rc = signal number; that is a clean stop.
+  if (rc < 0) return Fail(-rc, std::string("FUSE loop failed: ") + std::strerror(-rc));
+  return {};
+}
+
+void FuseServer::Impl::Teardown() {
+  if (session_ == nullptr) return;
+  if (signals_) {
+    fuse_remove_signal_handlers(session_);
+    signals_ = false;
+  }
+  if (mounted_) {
+    fuse_session_unmount(session_);
+    mounted_ = false;
+  }
+  fuse_session_destroy(session_);
+  session_ = nullptr;
+}
+
+FuseServer::FuseServer(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+FuseServer::~FuseServer() = default;
+
+Result<std::unique_ptr<FuseServer>> FuseServer::Mount(vfs::Backend& backend,
+                                                       FuseOptions options) {
+  auto impl = std::make_unique<Impl>(backend, std::move(options));
+  if (auto ok = impl->Start(); !ok) return std::unexpected(ok.error());
+  return std::unique_ptr<FuseServer>(new FuseServer(std::move(impl)));
+}
+
+Status FuseServer::HandleSignals() {
+  if (impl_->session_ == nullptr) return Fail(EINVAL, "not mounted");
+  if (fuse_set_signal_handlers(impl_->session_) != 0)
+    return Fail(EIO, "cannot install signal handlers");
+  impl_->signals_ = true;
+  return {};
+}
+
+Status FuseServer::Daemonize() {
+  if (fuse_daemonize(0) != 0) return Fail(EIO, "cannot detach into the background");
+  return {};
+}
+
+Status FuseServer::Run() { return impl_->Run(); }
+
+void FuseServer::Unmount() { impl_->Teardown(); }
+
+}  // namespace agentvfs::fuse

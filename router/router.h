@@ -1,0 +1,118 @@
+// Router: the mount table of the agentvfs namespace. It is itself a Backend,
+// so every frontend (FUSE, harness tools, CLI) talks to one object, and the
+// checks that hold for all backends live here once:
+//   - a path goes to the mount with the longest prefix on whole components
+//     (/workspace owns /workspace/a, never /workspacefoo);
+//   - directories above the mounts (at least "/") are synthesised, read-only
+//     and list the next component of each mount below them;
+//   - unknown names in a synthesised directory -> ENOENT;
+//   - creating anything in a synthesised directory -> EACCES;
+//   - removing or renaming a mount point -> EBUSY;
+//   - rename or link between two mounts (even of one backend) -> EXDEV;
+//   - every write to a read-only mount -> EROFS.
+// A mount either strips its prefix (the backend sees "/" for the mount point,
+// e.g. /workspace -> local_dir) or keeps full paths (one store serving both
+// /memories and /skills).
+//
+// Thread-safety: Mount() is not thread-safe and must be called before the
+// router is shared; after that every method is safe to call concurrently
+// (the table is immutable while serving).
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "vfs/backend.h"
+
+namespace agentvfs::router {
+
+struct MountOptions {
+  bool strip_prefix = true;  // backend sees paths relative to the mount point
+  bool read_only = false;    // every write -> EROFS
+};
+
+class Router final : public vfs::Backend {
+ public:
+  Router() = default;
+
+  // Takes ownership of a backend, which may then be mounted one or more times.
+  vfs::Backend* Adopt(std::unique_ptr<vfs::Backend> backend);
+  // Mounts `backend` (owned by this router or outliving it) at `prefix`.
+  // EINVAL for "/" or an invalid prefix; EEXIST when already mounted there.
+  vfs::Status Mount(const std::string& prefix, vfs::Backend* backend,
+                    MountOptions options = {});
+
+  // The mount points, sorted.
+  std::vector<vfs::Path> MountPoints() const;
+
+  vfs::Result<vfs::Attr> Stat(const vfs::Caller& c,
+                              const vfs::Path& path) override;
+  vfs::Result<std::vector<vfs::DirEntry>> ReadDir(
+      const vfs::Caller& c, const vfs::Path& path) override;
+  vfs::Result<std::unique_ptr<vfs::FileHandle>> Open(const vfs::Caller& c,
+                                                     const vfs::Path& path,
+                                                     int flags,
+                                                     mode_t mode) override;
+  vfs::Status Mkdir(const vfs::Caller& c, const vfs::Path& path,
+                    mode_t mode) override;
+  vfs::Status Mknod(const vfs::Caller& c, const vfs::Path& path, mode_t mode,
+                    dev_t rdev) override;
+  vfs::Status Unlink(const vfs::Caller& c, const vfs::Path& path) override;
+  vfs::Status Rmdir(const vfs::Caller& c, const vfs::Path& path) override;
+  vfs::Status Symlink(const vfs::Caller& c, const std::string& target,
+                      const vfs::Path& link) override;
+  vfs::Result<std::string> Readlink(const vfs::Caller& c,
+                                    const vfs::Path& path) override;
+  vfs::Status Link(const vfs::Caller& c, const vfs::Path& from,
+                   const vfs::Path& to) override;
+  vfs::Status Rename(const vfs::Caller& c, const vfs::Path& from,
+                     const vfs::Path& to, unsigned flags) override;
+  vfs::Status Chmod(const vfs::Caller& c, const vfs::Path& path,
+                    mode_t mode) override;
+  vfs::Status Chown(const vfs::Caller& c, const vfs::Path& path, uid_t uid,
+                    gid_t gid) override;
+  vfs::Status Utimens(const vfs::Caller& c, const vfs::Path& path,
+                      const struct timespec times[2]) override;
+  vfs::Status Truncate(const vfs::Caller& c, const vfs::Path& path,
+                       off_t size) override;
+  vfs::Result<struct statvfs> StatFs(const vfs::Caller& c,
+                                     const vfs::Path& path) override;
+  vfs::Result<std::string> GetXattr(const vfs::Caller& c,
+                                    const vfs::Path& path,
+                                    const std::string& name) override;
+  vfs::Status SetXattr(const vfs::Caller& c, const vfs::Path& path,
+                       const std::string& name, const std::string& value,
+                       int flags) override;
+  vfs::Result<std::vector<std::string>> ListXattr(
+      const vfs::Caller& c, const vfs::Path& path) override;
+  vfs::Status RemoveXattr(const vfs::Caller& c, const vfs::Path& path,
+                          const std::string& name) override;
+
+ private:
+  struct MountEntry {
+    vfs::Path prefix;
+    vfs::Backend* backend;  // not owned here (see owned_)
+    MountOptions options;
+  };
+  // Where a path goes: a backend and the path to give it, or (mount == null)
+  // a synthesised directory.
+  struct Target {
+    const MountEntry* mount = nullptr;
+    vfs::Path inner;
+    bool is_mount_point = false;
+  };
+  enum class Access { kRead, kWrite };
+
+  vfs::Result<Target> Resolve(const vfs::Path& path, Access access) const;
+  bool IsSynthetic(const vfs::Path& path) const;
+  vfs::Result<vfs::Attr> SyntheticStat(const vfs::Path& path) const;
+  std::vector<vfs::DirEntry> SyntheticList(const vfs::Path& path) const;
+  vfs::Result<Target> ResolveForCreate(const vfs::Path& path) const;
+  vfs::Result<Target> ResolveForRemove(const vfs::Path& path) const;
+
+  std::vector<std::unique_ptr<vfs::Backend>> owned_;
+  std::vector<MountEntry> mounts_;  // sorted by prefix length, longest first
+};
+
+}  // namespace agentvfs::router

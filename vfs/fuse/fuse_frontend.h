@@ -1,0 +1,80 @@
+// FuseServer: serves any vfs::Backend (normally the router) as a libfuse3
+// low-level filesystem, for one agentvfs identity (user, session). The kernel
+// does POSIX permission checks (`default_permissions`) against the modes and
+// owners the backend reports; new files are given to the requesting uid/gid
+// through the Caller passed to the backend.
+//
+// Inodes: the kernel addresses files by node id. FuseServer keeps a table
+// node id -> (parent node id, name, lookup count); the path of a node is
+// rebuilt from that chain, so renaming a directory renames everything under
+// it at once. Node ids are never reused, so the generation is always 0. A node
+// leaves the table when the kernel forgets its last lookup.
+//
+// Threads: requests are served by libfuse's multi-threaded loop. The node
+// table is guarded by one mutex (table_mu_), never held while calling the
+// backend, so there is no lock order to get wrong. Open files and directories
+// are owned by heap objects whose pointer is the FUSE file handle; the kernel
+// never uses a handle concurrently with its release.
+//
+// No exception crosses into libfuse: every callback catches std::bad_alloc
+// (ENOMEM) and anything else (EIO, logged).
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "vfs/backend.h"
+
+namespace agentvfs::fuse {
+
+struct FuseOptions {
+  std::string mountpoint;
+  bool allow_other = false;     // let other uids (a sandbox) use the mount
+  bool debug = false;           // libfuse request tracing on stderr
+  bool single_threaded = false;
+  bool writeback_cache = true;  // kernel batches small writes
+  double entry_timeout = 1.0;   // seconds the kernel may cache names
+  double attr_timeout = 1.0;    // seconds the kernel may cache attributes
+  unsigned max_threads = 8;
+  std::string fsname = "agentvfs";
+  // Caller template: user and session of this view. uid/gid/pid are filled
+  // per request from the FUSE request context.
+  vfs::Caller identity;
+};
+
+// Checks that `path` can be used as a mount point: it exists, is a
+// directory, and is not already a (possibly dead) mount. The error message
+// says what to do.
+vfs::Status CheckMountPoint(const std::string& path);
+
+// True when `path` is a mount point listed in /proc/self/mountinfo.
+bool IsMountPoint(const std::string& path);
+
+class FuseServer {
+ public:
+  // Mounts `backend` (which must outlive the server) at options.mountpoint.
+  static vfs::Result<std::unique_ptr<FuseServer>> Mount(vfs::Backend& backend,
+                                                        FuseOptions options);
+  FuseServer(const FuseServer&) = delete;
+  FuseServer& operator=(const FuseServer&) = delete;
+  // Unmounts if still mounted.
+  ~FuseServer();
+
+  // Installs handlers so SIGINT, SIGTERM and SIGHUP end Run() cleanly.
+  vfs::Status HandleSignals();
+  // Detaches from the terminal (fork; the parent exits once mounted).
+  vfs::Status Daemonize();
+  // Serves requests until unmounted or a handled signal arrives.
+  vfs::Status Run();
+  // Unmounts; further Run() calls return at once. Idempotent.
+  void Unmount();
+
+  class Impl;
+
+ private:
+  explicit FuseServer(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace agentvfs::fuse
