@@ -22,7 +22,7 @@ struct MountArgs {
   bool allow_other = false;
   bool debug = false;
   bool single_thread = false;
-  bool no_writeback = false;
+  bool writeback = false;
   double timeout = 1.0;
   unsigned threads = 8;
 };
@@ -45,7 +45,7 @@ int RunMount(const MountArgs& a) {
   options.allow_other = a.allow_other;
   options.debug = a.debug;
   options.single_threaded = a.single_thread;
-  options.writeback_cache = !a.no_writeback;
+  options.writeback_cache = a.writeback;
   options.entry_timeout = a.timeout;
   options.attr_timeout = a.timeout;
   options.max_threads = a.threads;
@@ -94,8 +94,8 @@ void AddMountCommand(CLI::App& app, int* exit_code) {
                 "Let other users (e.g. a sandbox under another uid) use the mount");
   cmd->add_flag("--debug", args->debug, "Trace every FUSE request on stderr");
   cmd->add_flag("--single-thread", args->single_thread, "Serve requests on one thread");
-  cmd->add_flag("--no-writeback-cache", args->no_writeback,
-                "Send every write to the backend at once (slower)");
+  cmd->add_flag("--writeback-cache", args->writeback,
+                "Let the kernel batch writes (faster small writes; changes made beside the mount may stay unseen)");
   cmd->add_option("--cache-timeout", args->timeout,
                   "Seconds the kernel may cache names and attributes")
       ->check(CLI::Range(0.0, 3600.0));

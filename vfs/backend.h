@@ -94,6 +94,12 @@ class FileHandle {
     (void)mode, (void)offset, (void)length;
     return Fail(ENOTSUP, "fallocate is not supported here");
   }
+  // Metadata changes through the open file (fchmod, fchown, futimens), which
+  // still work after the file was unlinked or renamed. The defaults act on
+  // NativeFd() and return ENOTSUP without one.
+  virtual Status Chmod(mode_t mode);
+  virtual Status Chown(uid_t uid, gid_t gid);
+  virtual Status Utimens(const struct timespec times[2]);
   // A host file descriptor for zero-copy I/O (splice), or -1 when the data
   // does not live in a host file. Remains owned by the handle.
   virtual int NativeFd() const { return -1; }

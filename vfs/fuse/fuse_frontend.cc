@@ -10,7 +10,9 @@
 #include <sys/uio.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
+#include <optional>
 #include <climits>
 #include <cstdlib>
 #include <cstring>
@@ -124,7 +126,7 @@ class FuseServer::Impl {
  public:
   Impl(vfs::Backend& backend, FuseOptions options)
       : backend_(backend), options_(std::move(options)) {
-    nodes_.emplace(FUSE_ROOT_ID, Node{0, "", 1});
+    nodes_[FUSE_ROOT_ID].nlookup = 1;
   }
   ~Impl() { Teardown(); }
 
@@ -133,12 +135,9 @@ class FuseServer::Impl {
   void Teardown();
 
   // --- node table -------------------------------------------------------
-  struct Node {
-    fuse_ino_t parent;  // 0 for the root and for detached nodes
-    std::string name;
-    uint64_t nlookup;
-    bool detached = false;  // unlinked or replaced: has no path any more
-  };
+  // One node per backend file (keyed by st_dev/st_ino), so that hard links
+  // are one inode for the kernel: one page cache, one link count. A node
+  // has one name per link the kernel has looked up; directories have one.
   struct ChildKey {
     fuse_ino_t parent;
     std::string name;
@@ -149,19 +148,33 @@ class FuseServer::Impl {
       return std::hash<std::string>{}(k.name) * 31 + std::hash<fuse_ino_t>{}(k.parent);
     }
   };
+  struct FileKey {
+    dev_t dev;
+    ino_t ino;
+    bool operator==(const FileKey&) const = default;
+  };
+  struct FileKeyHash {
+    size_t operator()(const FileKey& k) const {
+      return std::hash<uint64_t>{}(k.ino) * 31 + std::hash<uint64_t>{}(k.dev);
+    }
+  };
+  struct Node {
+    uint64_t nlookup = 0;
+    std::vector<ChildKey> names;  // empty: unlinked, reachable only by handle
+    FileKey key{};
+    mode_t type = 0;  // S_IFMT bits
+  };
 
   Result<Path> PathOf(fuse_ino_t ino) {
     std::lock_guard lock(table_mu_);
-    return PathOfLocked(ino);
-  }
-  Result<Path> PathOfLocked(fuse_ino_t ino) {
     std::vector<const std::string*> names;
     while (ino != FUSE_ROOT_ID) {
       auto it = nodes_.find(ino);
-      if (it == nodes_.end() || it->second.detached)
+      if (it == nodes_.end() || it->second.names.empty())
         return Fail(ESTALE, "file was removed or renamed; look it up again");
-      names.push_back(&it->second.name);
-      ino = it->second.parent;
+      const ChildKey& k = it->second.names.front();
+      names.push_back(&k.name);
+      ino = k.parent;
     }
     std::string text;
     for (auto n = names.rbegin(); n != names.rend(); ++n) {
@@ -176,18 +189,54 @@ class FuseServer::Impl {
     return p->Child(name);
   }
 
-  // Records one more kernel reference to (parent, name) and returns its id.
-  fuse_ino_t Remember(fuse_ino_t parent, const std::string& name) {
+  // Records one more kernel reference to the file `st` found at
+  // (parent, name) and returns its node id.
+  fuse_ino_t Remember(fuse_ino_t parent, const std::string& name, const Attr& st) {
     std::lock_guard lock(table_mu_);
-    auto it = children_.find(ChildKey{parent, name});
-    if (it != children_.end()) {
-      nodes_[it->second].nlookup++;
-      return it->second;
+    const ChildKey ck{parent, name};
+    const FileKey fk{st.st_dev, st.st_ino};
+    const mode_t type = st.st_mode & S_IFMT;
+    if (auto c = children_.find(ck); c != children_.end()) {
+      Node& n = nodes_[c->second];
+      if (n.key == fk && n.type == type) {
+        n.nlookup++;
+        return c->second;
+      }
+      // The name now holds another file (replaced behind our back).
+      UnbindLocked(c->second, ck);
+      children_.erase(c);
+    }
+    if (auto f = by_file_.find(fk); f != by_file_.end()) {
+      Node& n = nodes_[f->second];
+      if (n.type == type) {
+        n.nlookup++;
+        n.names.push_back(ck);
+        children_.emplace(ck, f->second);
+        return f->second;
+      }
+      by_file_.erase(f);  // inode number reused by a new file
     }
     fuse_ino_t ino = next_ino_++;
-    nodes_.emplace(ino, Node{parent, name, 1});
-    children_.emplace(ChildKey{parent, name}, ino);
+    Node& n = nodes_[ino];
+    n.nlookup = 1;
+    n.names.push_back(ck);
+    n.key = fk;
+    n.type = type;
+    children_.emplace(ck, ino);
+    by_file_[fk] = ino;
     return ino;
+  }
+  // Removes name `ck` from node `ino` (not from children_).
+  void UnbindLocked(fuse_ino_t ino, const ChildKey& ck) {
+    auto it = nodes_.find(ino);
+    if (it == nodes_.end()) return;
+    auto& names = it->second.names;
+    names.erase(std::remove(names.begin(), names.end(), ck), names.end());
+    if (names.empty()) {
+      // Unlinked: a new file may get this inode number on the host.
+      auto f = by_file_.find(it->second.key);
+      if (f != by_file_.end() && f->second == ino) by_file_.erase(f);
+    }
   }
   void Forget(fuse_ino_t ino, uint64_t n) {
     if (ino == FUSE_ROOT_ID) return;
@@ -198,50 +247,50 @@ class FuseServer::Impl {
       it->second.nlookup -= n;
       return;
     }
-    if (!it->second.detached) {
-      auto c = children_.find(ChildKey{it->second.parent, it->second.name});
+    for (const auto& ck : it->second.names) {
+      auto c = children_.find(ck);
       if (c != children_.end() && c->second == ino) children_.erase(c);
     }
+    auto f = by_file_.find(it->second.key);
+    if (f != by_file_.end() && f->second == ino) by_file_.erase(f);
     nodes_.erase(it);
   }
-  // The name (parent, name) no longer refers to its node.
+  // The name (parent, name) was removed.
   void Detach(fuse_ino_t parent, const std::string& name) {
     std::lock_guard lock(table_mu_);
-    DetachLocked(parent, name);
-  }
-  void DetachLocked(fuse_ino_t parent, const std::string& name) {
-    auto c = children_.find(ChildKey{parent, name});
+    const ChildKey ck{parent, name};
+    auto c = children_.find(ck);
     if (c == children_.end()) return;
-    nodes_[c->second].detached = true;
+    UnbindLocked(c->second, ck);
     children_.erase(c);
   }
+  // A rename succeeded: move names, as rename(2) or RENAME_EXCHANGE did.
   void Moved(fuse_ino_t parent, const std::string& name, fuse_ino_t newparent,
              const std::string& newname, unsigned flags) {
     std::lock_guard lock(table_mu_);
-    auto from = children_.find(ChildKey{parent, name});
-    std::optional<fuse_ino_t> src;
-    if (from != children_.end()) {
-      src = from->second;
-      children_.erase(from);
+    const ChildKey from{parent, name}, to{newparent, newname};
+    std::optional<fuse_ino_t> src, dst;
+    if (auto c = children_.find(from); c != children_.end()) src = c->second;
+    if (auto c = children_.find(to); c != children_.end()) dst = c->second;
+    // rename(2) between two links of one file does nothing.
+    if (src && dst && *src == *dst && !(flags & RENAME_EXCHANGE)) return;
+    auto rebind = [&](fuse_ino_t ino, const ChildKey& old_name, const ChildKey& new_name) {
+      for (auto& k : nodes_[ino].names)
+        if (k == old_name) k = new_name;
+    };
+    children_.erase(from);
+    children_.erase(to);
+    if (dst && !(flags & RENAME_EXCHANGE)) UnbindLocked(*dst, to);
+    if (src) {
+      rebind(*src, from, ChildKey{newparent, std::string(1, '\0')});
     }
-    std::optional<fuse_ino_t> dst;
-    if (auto to = children_.find(ChildKey{newparent, newname}); to != children_.end()) {
-      dst = to->second;
-      children_.erase(to);
+    if (dst && (flags & RENAME_EXCHANGE)) {
+      rebind(*dst, to, from);
+      children_.emplace(from, *dst);
     }
     if (src) {
-      nodes_[*src].parent = newparent;
-      nodes_[*src].name = newname;
-      children_.emplace(ChildKey{newparent, newname}, *src);
-    }
-    if (dst) {
-      if (flags & RENAME_EXCHANGE) {
-        nodes_[*dst].parent = parent;
-        nodes_[*dst].name = name;
-        children_.emplace(ChildKey{parent, name}, *dst);
-      } else {
-        nodes_[*dst].detached = true;
-      }
+      rebind(*src, ChildKey{newparent, std::string(1, '\0')}, to);
+      children_.emplace(to, *src);
     }
   }
 
@@ -258,7 +307,7 @@ class FuseServer::Impl {
   // Replies an entry for (parent, name) with attributes `st`.
   void ReplyEntry(fuse_req_t req, fuse_ino_t parent, std::string_view name, const Attr& st) {
     fuse_entry_param e{};
-    e.ino = Remember(parent, std::string(name));
+    e.ino = Remember(parent, std::string(name), st);
     e.attr = st;
     e.attr_timeout = options_.attr_timeout;
     e.entry_timeout = options_.entry_timeout;
@@ -281,9 +330,10 @@ class FuseServer::Impl {
   bool mounted_ = false;
   bool signals_ = false;
 
-  std::mutex table_mu_;  // guards nodes_, children_, next_ino_
+  std::mutex table_mu_;  // guards nodes_, children_, by_file_, next_ino_
   std::unordered_map<fuse_ino_t, Node> nodes_;
   std::unordered_map<ChildKey, fuse_ino_t, ChildKeyHash> children_;
+  std::unordered_map<FileKey, fuse_ino_t, FileKeyHash> by_file_;
   fuse_ino_t next_ino_ = FUSE_ROOT_ID + 1;
 
   std::atomic<uint64_t> next_request_{1};
@@ -381,33 +431,32 @@ void OpSetattr(fuse_req_t req, fuse_ino_t ino, struct stat* attr, int to_set,
                fuse_file_info* fi) {
   Guard(req, "setattr", [&] {
     auto* self = Self(req);
+    // An open file is changed through its handle: its name may be gone
+    // (unlinked, renamed over) while the kernel still flushes times or size.
+    vfs::FileHandle* h = (fi != nullptr && fi->fh != 0) ? FileOf(fi) : nullptr;
     auto path = self->PathOf(ino);
-    const bool has_fh = fi != nullptr && fi->fh != 0;
-    if (!path && !has_fh) return self->ReplyError(req, path.error());
+    if (!path && h == nullptr) return self->ReplyError(req, path.error());
     Caller c = self->CallerFor(req);
     auto& b = self->backend_;
     if (to_set & FUSE_SET_ATTR_MODE) {
-      if (!path) return self->ReplyError(req, path.error());
-      if (auto r = b.Chmod(c, *path, attr->st_mode & 07777); !r)
-        return self->ReplyError(req, r.error());
+      mode_t mode = attr->st_mode & 07777;
+      Status r = h ? h->Chmod(mode) : b.Chmod(c, *path, mode);
+      if (!r) return self->ReplyError(req, r.error());
     }
     if (to_set & (FUSE_SET_ATTR_UID | FUSE_SET_ATTR_GID)) {
-      if (!path) return self->ReplyError(req, path.error());
       uid_t uid = (to_set & FUSE_SET_ATTR_UID) ? attr->st_uid : vfs::kKeepUid;
       gid_t gid = (to_set & FUSE_SET_ATTR_GID) ? attr->st_gid : vfs::kKeepGid;
-      if (auto r = b.Chown(c, *path, uid, gid); !r) return self->ReplyError(req, r.error());
+      Status r = h ? h->Chown(uid, gid) : b.Chown(c, *path, uid, gid);
+      if (!r) return self->ReplyError(req, r.error());
     }
     if (to_set & FUSE_SET_ATTR_SIZE) {
-      Status r = has_fh ? FileOf(fi)->Truncate(attr->st_size)
-                        : b.Truncate(c, *path, attr->st_size);
+      Status r = h ? h->Truncate(attr->st_size) : b.Truncate(c, *path, attr->st_size);
       if (!r) return self->ReplyError(req, r.error());
     }
     if (to_set & (FUSE_SET_ATTR_ATIME | FUSE_SET_ATTR_MTIME)) {
-      if (!path) return self->ReplyError(req, path.error());
       struct timespec ts[2];
-      ts[0].tv_nsec = UTIME_OMIT;
-      ts[1].tv_nsec = UTIME_OMIT;
       ts[0].tv_sec = ts[1].tv_sec = 0;
+      ts[0].tv_nsec = ts[1].tv_nsec = UTIME_OMIT;
       if (to_set & FUSE_SET_ATTR_ATIME_NOW)
         ts[0].tv_nsec = UTIME_NOW;
       else if (to_set & FUSE_SET_ATTR_ATIME)
@@ -416,9 +465,10 @@ void OpSetattr(fuse_req_t req, fuse_ino_t ino, struct stat* attr, int to_set,
         ts[1].tv_nsec = UTIME_NOW;
       else if (to_set & FUSE_SET_ATTR_MTIME)
         ts[1] = attr->st_mtim;
-      if (auto r = b.Utimens(c, *path, ts); !r) return self->ReplyError(req, r.error());
+      Status r = h ? h->Utimens(ts) : b.Utimens(c, *path, ts);
+      if (!r) return self->ReplyError(req, r.error());
     }
-    Result<Attr> st = has_fh ? FileOf(fi)->Stat() : b.Stat(c, *path);
+    Result<Attr> st = h ? h->Stat() : b.Stat(c, *path);
     if (!st) return self->ReplyError(req, st.error());
     fuse_reply_attr(req, &*st, self->options_.attr_timeout);
   });
@@ -576,7 +626,7 @@ void OpCreate(fuse_req_t req, fuse_ino_t parent, const char* name, mode_t mode,
     auto st = (*h)->Stat();
     if (!st) return self->ReplyError(req, st.error());
     fuse_entry_param e{};
-    e.ino = self->Remember(parent, name);
+    e.ino = self->Remember(parent, name, *st);
     e.attr = *st;
     e.attr_timeout = self->options_.attr_timeout;
     e.entry_timeout = self->options_.entry_timeout;

@@ -33,7 +33,10 @@ struct FuseOptions {
   bool allow_other = false;     // let other uids (a sandbox) use the mount
   bool debug = false;           // libfuse request tracing on stderr
   bool single_threaded = false;
-  bool writeback_cache = true;  // kernel batches small writes
+  // Kernel batches small writes; but then it trusts its own file sizes, so
+  // changes made beside the mount (the sandbox writing the workspace
+  // directory directly) stay invisible while the inode is cached. Opt-in.
+  bool writeback_cache = false;
   double entry_timeout = 1.0;   // seconds the kernel may cache names
   double attr_timeout = 1.0;    // seconds the kernel may cache attributes
   unsigned max_threads = 8;
