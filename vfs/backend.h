@@ -33,6 +33,8 @@
 //   EBUSY         the target is a mount point or is being written elsewhere
 //   EINVAL        bad argument (rename a dir into itself, bad flags)
 //   ENAMETOOLONG  a name or path over NAME_MAX/PATH_MAX
+//   ELOOP         too many symlinks, or O_NOFOLLOW on a symlink
+//   ENODATA       GetXattr/RemoveXattr of an attribute that is not set
 //   ENOTSUP       xattrs, fallocate, ... not supported by this backend
 //   EIO           anything else; the message says what
 #pragma once
