@@ -37,7 +37,10 @@ vfs::Backend* Router::Adopt(std::unique_ptr<vfs::Backend> backend) {
 Status Router::Mount(const std::string& prefix, vfs::Backend* backend,
                      MountOptions options) {
   auto path = Path::Parse(prefix);
-  if (!path) return std::unexpected(path.error());
+  // Parse says ENOENT for "" (as lookups must); as a mount prefix it is
+  // simply invalid, which router.h documents as EINVAL.
+  if (!path)
+    return Fail(EINVAL, "invalid mount prefix: " + path.error().message);
   if (path->IsRoot())
     return Fail(EINVAL, "cannot mount at '/': the root lists the mounts");
   if (backend == nullptr) return Fail(EINVAL, "no backend to mount");
