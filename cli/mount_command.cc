@@ -98,7 +98,7 @@ void AddMountCommand(CLI::App& app, int* exit_code) {
                 "Let the kernel batch writes (faster small writes; changes made beside the mount may stay unseen)");
   cmd->add_option("--cache-timeout", args->timeout,
                   "Seconds the kernel may cache names and attributes")
-      ->check(CLI::Range(0.0, 3600.0));
+      ->check(CLI::Range(0.0, 31536000.0));
   cmd->add_option("--threads", args->threads, "Maximum FUSE worker threads")
       ->check(CLI::Range(1u, 256u));
   cmd->callback([args, exit_code] { *exit_code = RunMount(*args); });
