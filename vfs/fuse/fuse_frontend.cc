@@ -8,6 +8,7 @@
 #include <spdlog/spdlog.h>
 #include <sys/stat.h>
 #include <sys/uio.h>
+#include <sys/vfs.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -101,22 +102,30 @@ bool IsMountPoint(const std::string& path) {
 
 Status CheckMountPoint(const std::string& path) {
   if (path.empty()) return Fail(EINVAL, "no mount point given");
+  auto dead = [&path] {
+    return Fail(EBUSY, "'" + path +
+                           "' is a dead FUSE mount (its daemon is gone); clear it with "
+                           "`fusermount3 -u " + path + "` and mount again");
+  };
   struct stat st;
   if (stat(path.c_str(), &st) != 0) {
     int err = errno;
-    if (err == ENOTCONN || err == ECONNABORTED)
-      return Fail(EBUSY, "'" + path +
-                             "' is a dead FUSE mount (its daemon is gone); clear it with "
-                             "`fusermount3 -u " + path + "` and mount again");
+    if (err == ENOTCONN || err == ECONNABORTED) return dead();
     if (err == ENOENT)
       return Fail(ENOENT, "mount point '" + path + "' does not exist; create it with mkdir first");
     return Fail(err, "cannot use mount point '" + path + "': " + std::strerror(err));
   }
   if (!S_ISDIR(st.st_mode))
     return Fail(ENOTDIR, "mount point '" + path + "' is not a directory");
-  if (IsMountPoint(path))
+  if (IsMountPoint(path)) {
+    // For a while after its daemon died, stat() of a FUSE mount is answered
+    // from the kernel's attribute cache; statfs() always asks the daemon.
+    struct statfs sfs;
+    if (statfs(path.c_str(), &sfs) != 0 && (errno == ENOTCONN || errno == ECONNABORTED))
+      return dead();
     return Fail(EBUSY, "'" + path + "' is already mounted; unmount it with `fusermount3 -u " +
                            path + "` or choose another directory");
+  }
   return {};
 }
 
@@ -167,21 +176,31 @@ class FuseServer::Impl {
 
   Result<Path> PathOf(fuse_ino_t ino) {
     std::lock_guard lock(table_mu_);
-    std::vector<const std::string*> names;
-    while (ino != FUSE_ROOT_ID) {
-      auto it = nodes_.find(ino);
-      if (it == nodes_.end() || it->second.names.empty())
-        return Fail(ESTALE, "file was removed or renamed; look it up again");
-      const ChildKey& k = it->second.names.front();
-      names.push_back(&k.name);
-      ino = k.parent;
-    }
     std::string text;
-    for (auto n = names.rbegin(); n != names.rend(); ++n) {
-      text += '/';
-      text += **n;
-    }
+    if (!AppendPathLocked(ino, 0, &text))
+      return Fail(ESTALE, "file was removed or renamed; look it up again");
     return Path::Parse(text.empty() ? "/" : text);
+  }
+  // Appends "/a/b" for `ino` to `out`. A node may keep a name whose parent
+  // is gone (e.g. a file first seen under a directory the host then swapped
+  // away, and looked up again under its replacement), so every name is
+  // tried, the most recent first, until one reaches the root.
+  bool AppendPathLocked(fuse_ino_t ino, int depth, std::string* out) {
+    if (ino == FUSE_ROOT_ID) return true;
+    if (depth > PATH_MAX / 2) return false;
+    auto it = nodes_.find(ino);
+    if (it == nodes_.end()) return false;
+    const auto& names = it->second.names;
+    for (auto k = names.rbegin(); k != names.rend(); ++k) {
+      const size_t mark = out->size();
+      if (AppendPathLocked(k->parent, depth + 1, out)) {
+        *out += '/';
+        *out += k->name;
+        return true;
+      }
+      out->resize(mark);
+    }
+    return false;
   }
   Result<Path> ChildPath(fuse_ino_t parent, const char* name) {
     auto p = PathOf(parent);
