@@ -1,0 +1,272 @@
+// Ownership and permissions through a real mount used by a non-root uid (the
+// sandbox's user), mounted with --allow-other: who owns what a user creates,
+// and which changes the kernel refuses, must be what a local filesystem does,
+// because the daemon itself runs as root and would otherwise do anything.
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <sys/time.h>
+#include <sys/xattr.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+
+#include "tests/fuse/fuse_test_support.h"
+
+namespace agentvfs::fuse_test {
+namespace {
+
+class OwnershipTest : public FuseViewTest {
+ protected:
+  void SetUp() override {
+    // On the host, as root: a sticky world-writable directory, root files
+    // readable by everyone and by root only, a setgid directory of group 555.
+    ASSERT_EQ(mkdir(Host("shared").c_str(), 0777), 0);
+    ASSERT_EQ(chmod(Host("shared").c_str(), 01777), 0);
+    ASSERT_TRUE(WriteFile(Host("public"), "root's public file", 0644));
+    ASSERT_TRUE(WriteFile(Host("private"), "root's secret", 0600));
+    ASSERT_EQ(mkdir(Host("sgid").c_str(), 0777), 0);
+    ASSERT_EQ(chown(Host("sgid").c_str(), 0, 555), 0);
+    ASSERT_EQ(chmod(Host("sgid").c_str(), 02777), 0);
+    ASSERT_TRUE(Mount({"--allow-other"}));
+  }
+
+  // lstat on the host; fails the test when it fails.
+  struct stat HostStat(const std::string& rel) {
+    struct stat st {};
+    EXPECT_EQ(lstat(Host(rel).c_str(), &st), 0)
+        << Host(rel) << ": " << std::strerror(errno);
+    return st;
+  }
+  struct stat ViewStat(const std::string& rel) {
+    struct stat st {};
+    EXPECT_EQ(lstat(View(rel).c_str(), &st), 0)
+        << View(rel) << ": " << std::strerror(errno);
+    return st;
+  }
+};
+
+TEST_F(OwnershipTest, FilesAndDirectoriesBelongToTheirCreator) {
+  const std::string file = View("shared/made-by-user");
+  const std::string dir = View("shared/dir-by-user");
+  ASSERT_ERRNO_EQ(
+      AsUser(kUser, kUserGroup,
+             [&] {
+               if (int e = OpenErrno(file, O_WRONLY | O_CREAT, 0640)) return e;
+               return ErrnoOf(mkdir(dir.c_str(), 0750));
+             }),
+      0);
+  for (const char* rel : {"shared/made-by-user", "shared/dir-by-user"}) {
+    struct stat host = HostStat(rel), view = ViewStat(rel);
+    EXPECT_EQ(host.st_uid, kUser) << rel << " on the host";
+    EXPECT_EQ(host.st_gid, kUserGroup) << rel << " on the host";
+    EXPECT_EQ(view.st_uid, kUser) << rel << " in the view";
+    EXPECT_EQ(view.st_gid, kUserGroup) << rel << " in the view";
+  }
+  // The creator's umask (022) applied once, not the daemon's on top.
+  EXPECT_EQ(Octal(HostStat("shared/made-by-user").st_mode), "0640");
+  EXPECT_EQ(Octal(HostStat("shared/dir-by-user").st_mode), "0750");
+  // And the user can use what it made: write into its own 0750 directory.
+  EXPECT_ERRNO_EQ(AsUser(kUser, kUserGroup,
+                         [&] {
+                           return OpenErrno(dir + "/inner",
+                                            O_WRONLY | O_CREAT | O_EXCL);
+                         }),
+                  0);
+  EXPECT_EQ(HostStat("shared/dir-by-user/inner").st_uid, kUser);
+}
+
+TEST_F(OwnershipTest, SetuidBitRequestedAtCreationIsKept) {
+  // A user may create its own set-user-ID file (open(2) with mode 04755),
+  // as on a local filesystem.
+  const std::string file = View("shared/suid");
+  ASSERT_ERRNO_EQ(
+      AsUser(
+          kUser, kUserGroup,
+          [&] { return OpenErrno(file, O_WRONLY | O_CREAT | O_EXCL, 04755); }),
+      0);
+  EXPECT_EQ(Octal(HostStat("shared/suid").st_mode), "04755");
+  EXPECT_EQ(HostStat("shared/suid").st_uid, kUser);
+}
+
+TEST_F(OwnershipTest, UserCannotChangeRootsFiles) {
+  const std::string pub = View("public"), priv = View("private");
+  auto as_user = [](const std::function<int()>& fn) {
+    return AsUser(kUser, kUserGroup, fn);
+  };
+  // Positive control: the world-readable file is readable.
+  EXPECT_ERRNO_EQ(as_user([&] { return OpenErrno(pub, O_RDONLY); }), 0);
+
+  EXPECT_ERRNO_EQ(as_user([&] { return ErrnoOf(chmod(pub.c_str(), 0666)); }),
+                  EPERM);
+  EXPECT_ERRNO_EQ(
+      as_user([&] { return ErrnoOf(chown(pub.c_str(), kUser, kUserGroup)); }),
+      EPERM);
+  EXPECT_ERRNO_EQ(as_user([&] { return ErrnoOf(chown(pub.c_str(), -1, 0)); }),
+                  EPERM);
+  EXPECT_ERRNO_EQ(as_user([&] { return OpenErrno(pub, O_WRONLY); }), EACCES);
+  EXPECT_ERRNO_EQ(as_user([&] { return OpenErrno(pub, O_RDWR | O_TRUNC); }),
+                  EACCES);
+  EXPECT_ERRNO_EQ(as_user([&] { return ErrnoOf(truncate(pub.c_str(), 0)); }),
+                  EACCES);
+  EXPECT_ERRNO_EQ(as_user([&] { return OpenErrno(priv, O_RDONLY); }), EACCES);
+  // Touching to "now" needs write permission; to a chosen time, ownership.
+  EXPECT_ERRNO_EQ(
+      as_user([&] { return ErrnoOf(utimes(pub.c_str(), nullptr)); }), EACCES);
+  EXPECT_ERRNO_EQ(as_user([&] {
+                    struct timeval tv[2] = {{1, 0}, {1, 0}};
+                    return ErrnoOf(utimes(pub.c_str(), tv));
+                  }),
+                  EPERM);
+  EXPECT_ERRNO_EQ(as_user([&] {
+                    return ErrnoOf(setxattr(pub.c_str(), "user.x", "v", 1, 0));
+                  }),
+                  EACCES);
+  // The workspace directory itself is root's 0755: no new names in it.
+  EXPECT_ERRNO_EQ(
+      as_user([&] { return OpenErrno(View("new"), O_WRONLY | O_CREAT); }),
+      EACCES);
+  EXPECT_ERRNO_EQ(as_user([&] { return ErrnoOf(unlink(pub.c_str())); }),
+                  EACCES);
+
+  // Nothing changed on the host.
+  struct stat st = HostStat("public");
+  EXPECT_EQ(Octal(st.st_mode), "0644");
+  EXPECT_EQ(st.st_uid, 0u);
+  EXPECT_EQ(st.st_gid, 0u);
+  EXPECT_EQ(ReadFile(Host("public")), "root's public file");
+  EXPECT_EQ(Octal(HostStat("private").st_mode), "0600");
+  struct stat none;
+  EXPECT_NE(lstat(Host("new").c_str(), &none), 0);
+}
+
+TEST_F(OwnershipTest, OnlyRootGivesFilesAway) {
+  const std::string file = View("shared/mine");
+  ASSERT_ERRNO_EQ(AsUser(kUser, kUserGroup,
+                         [&] {
+                           if (int e = OpenErrno(file, O_WRONLY | O_CREAT))
+                             return e;
+                           // Own file: chmod and a no-op chown are fine...
+                           if (chmod(file.c_str(), 0600) != 0) return errno;
+                           if (chown(file.c_str(), kUser, kUserGroup) != 0)
+                             return errno;
+                           // ...giving it to someone else is not.
+                           if (chown(file.c_str(), kOtherUser, -1) == 0)
+                             return 200;
+                           if (errno != EPERM) return errno + 100;
+                           // Nor to a group the user is not in.
+                           if (chown(file.c_str(), -1, kOtherGroup) == 0)
+                             return 201;
+                           return errno;
+                         }),
+                  EPERM);
+  struct stat st = HostStat("shared/mine");
+  EXPECT_EQ(st.st_uid, kUser);
+  EXPECT_EQ(st.st_gid, kUserGroup);
+  EXPECT_EQ(Octal(st.st_mode), "0600");
+
+  // Root can.
+  ASSERT_EQ(chown(file.c_str(), kOtherUser, kOtherGroup), 0)
+      << std::strerror(errno);
+  st = HostStat("shared/mine");
+  EXPECT_EQ(st.st_uid, kOtherUser);
+  EXPECT_EQ(st.st_gid, kOtherGroup);
+  st = ViewStat("shared/mine");
+  EXPECT_EQ(st.st_uid, kOtherUser);
+  EXPECT_EQ(st.st_gid, kOtherGroup);
+  // And the previous owner now has no access to the 0600 file.
+  EXPECT_ERRNO_EQ(
+      AsUser(kUser, kUserGroup, [&] { return OpenErrno(file, O_RDONLY); }),
+      EACCES);
+}
+
+TEST_F(OwnershipTest, StickyDirectoryProtectsOtherUsersFiles) {
+  const std::string theirs = View("shared/theirs");
+  const std::string mine = View("shared/mine");
+  ASSERT_ERRNO_EQ(
+      AsUser(kUser, kUserGroup,
+             [&] { return OpenErrno(theirs, O_WRONLY | O_CREAT, 0666); }),
+      0);
+  auto as_other = [](const std::function<int()>& fn) {
+    return AsUser(kOtherUser, kOtherGroup, fn);
+  };
+  // Even a world-writable file in a sticky directory cannot be removed or
+  // renamed by someone else...
+  EXPECT_ERRNO_EQ(as_other([&] { return ErrnoOf(unlink(theirs.c_str())); }),
+                  EPERM);
+  EXPECT_ERRNO_EQ(
+      as_other([&] {
+        return ErrnoOf(rename(theirs.c_str(), View("shared/stolen").c_str()));
+      }),
+      EPERM);
+  // ...nor replaced by a rename onto its name.
+  EXPECT_ERRNO_EQ(as_other([&] {
+                    if (int e = OpenErrno(mine, O_WRONLY | O_CREAT)) return e;
+                    return ErrnoOf(rename(mine.c_str(), theirs.c_str()));
+                  }),
+                  EPERM);
+  EXPECT_EQ(HostStat("shared/theirs").st_uid, kUser);
+  struct stat none;
+  EXPECT_NE(lstat(Host("shared/stolen").c_str(), &none), 0);
+
+  // Everyone manages their own files there.
+  EXPECT_ERRNO_EQ(as_other([&] {
+                    const std::string moved = View("shared/mine-moved");
+                    if (rename(mine.c_str(), moved.c_str()) != 0) return errno;
+                    return ErrnoOf(unlink(moved.c_str()));
+                  }),
+                  0);
+  EXPECT_ERRNO_EQ(AsUser(kUser, kUserGroup,
+                         [&] { return ErrnoOf(unlink(theirs.c_str())); }),
+                  0);
+  EXPECT_EQ(ListDir(Host("shared")), std::vector<std::string>{});
+}
+
+TEST_F(OwnershipTest, SetgidDirectoryPassesItsGroupOn) {
+  const std::string file = View("sgid/f");
+  const std::string dir = View("sgid/sub");
+  const std::string sgid_file = View("sgid/wants-sgid");
+  ASSERT_ERRNO_EQ(AsUser(kUser, kUserGroup,
+                         [&] {
+                           if (int e = OpenErrno(file, O_WRONLY | O_CREAT))
+                             return e;
+                           if (mkdir(dir.c_str(), 0755) != 0) return errno;
+                           // Not a member of group 555: the kernel drops
+                           // the set-group-ID bit it asked for.
+                           return OpenErrno(sgid_file, O_WRONLY | O_CREAT,
+                                            02755);
+                         }),
+                  0);
+  struct stat st = HostStat("sgid/f");
+  EXPECT_EQ(st.st_uid, kUser);
+  EXPECT_EQ(st.st_gid, 555u);
+  EXPECT_EQ(ViewStat("sgid/f").st_gid, 555u);
+  st = HostStat("sgid/sub");
+  EXPECT_EQ(st.st_uid, kUser);
+  EXPECT_EQ(st.st_gid, 555u);
+  EXPECT_TRUE(st.st_mode & S_ISGID) << "subdirectories inherit setgid";
+  st = HostStat("sgid/wants-sgid");
+  EXPECT_EQ(st.st_gid, 555u);
+  EXPECT_EQ(Octal(st.st_mode), "0755");
+}
+
+// Without --allow-other only the mounting user (root here) may use the view;
+// the kernel answers everyone else EACCES before the daemon sees anything.
+TEST_F(FuseViewTest, WithoutAllowOtherOtherUsersAreRefused) {
+  ASSERT_TRUE(WriteFile(Host("f"), "data"));
+  ASSERT_TRUE(Mount());
+  const std::string mnt = MountPoint(), file = View("f");
+  EXPECT_EQ(ReadFile(file), "data") << "root, who mounted it, can read";
+  EXPECT_ERRNO_EQ(AsUser(kUser, kUserGroup,
+                         [&] {
+                           struct stat st;
+                           return ErrnoOf(stat(mnt.c_str(), &st));
+                         }),
+                  EACCES);
+  EXPECT_ERRNO_EQ(
+      AsUser(kUser, kUserGroup, [&] { return OpenErrno(file, O_RDONLY); }),
+      EACCES);
+}
+
+}  // namespace
+}  // namespace agentvfs::fuse_test
