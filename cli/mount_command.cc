@@ -21,10 +21,9 @@ struct MountArgs {
   bool background = false;
   bool allow_other = false;
   bool debug = false;
-  bool single_thread = false;
   bool writeback = false;
   double timeout = 1.0;
-  unsigned threads = 8;
+  unsigned threads = 1;
 };
 
 int RunMount(const MountArgs& a) {
@@ -44,11 +43,10 @@ int RunMount(const MountArgs& a) {
   options.mountpoint = a.mountpoint;
   options.allow_other = a.allow_other;
   options.debug = a.debug;
-  options.single_threaded = a.single_thread;
   options.writeback_cache = a.writeback;
   options.entry_timeout = a.timeout;
   options.attr_timeout = a.timeout;
-  options.max_threads = a.threads;
+  options.threads = a.threads;
   // The kernel already applied the calling process's umask to every mode it
   // sends; the daemon must not apply its own on top.
   umask(0);
@@ -83,23 +81,30 @@ int RunMount(const MountArgs& a) {
 
 void AddMountCommand(CLI::App& app, int* exit_code) {
   auto args = std::make_shared<MountArgs>();
-  auto* cmd = app.add_subcommand("mount", "Mount the routed view (/workspace, ...) with FUSE");
-  cmd->add_option("--workspace", args->workspace, "Host directory served as /workspace")
+  auto* cmd = app.add_subcommand(
+      "mount", "Mount the routed view (/workspace, ...) with FUSE");
+  cmd->add_option("--workspace", args->workspace,
+                  "Host directory served as /workspace")
       ->required()
       ->check(CLI::ExistingDirectory);
-  cmd->add_option("mountpoint", args->mountpoint, "Empty directory to mount the view on")
+  cmd->add_option("mountpoint", args->mountpoint,
+                  "Empty directory to mount the view on")
       ->required();
   cmd->add_flag("--background", args->background, "Detach once mounted");
-  cmd->add_flag("--allow-other", args->allow_other,
-                "Let other users (e.g. a sandbox under another uid) use the mount");
+  cmd->add_flag(
+      "--allow-other", args->allow_other,
+      "Let other users (e.g. a sandbox under another uid) use the mount");
   cmd->add_flag("--debug", args->debug, "Trace every FUSE request on stderr");
-  cmd->add_flag("--single-thread", args->single_thread, "Serve requests on one thread");
   cmd->add_flag("--writeback-cache", args->writeback,
-                "Let the kernel batch writes (faster small writes; changes made beside the mount may stay unseen)");
+                "Let the kernel batch writes (faster small writes; changes "
+                "made beside the mount may stay unseen)");
   cmd->add_option("--cache-timeout", args->timeout,
                   "Seconds the kernel may cache names and attributes")
       ->check(CLI::Range(0.0, 31536000.0));
-  cmd->add_option("--threads", args->threads, "Maximum FUSE worker threads")
+  cmd->add_option(
+         "--threads", args->threads,
+         "Threads reading FUSE requests (1: one thread plus a pool for fsync; "
+         "more: libfuse's multi-threaded loop)")
       ->check(CLI::Range(1u, 256u));
   cmd->callback([args, exit_code] { *exit_code = RunMount(*args); });
 }

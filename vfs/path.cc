@@ -6,12 +6,15 @@
 namespace agentvfs::vfs {
 
 Result<Path> Path::Parse(std::string_view text) {
-  if (text.empty()) return Fail(ENOENT, "empty path; give an absolute path such as /workspace/file");
+  if (text.empty())
+    return Fail(ENOENT,
+                "empty path; give an absolute path such as /workspace/file");
   if (text.find('\0') != std::string_view::npos)
     return Fail(EINVAL, "path contains a NUL byte");
   if (text.front() != '/')
-    return Fail(EINVAL, "path '" + std::string(text) +
-                            "' is relative; give an absolute path starting with '/'");
+    return Fail(EINVAL,
+                "path '" + std::string(text) +
+                    "' is relative; give an absolute path starting with '/'");
   std::vector<std::string_view> parts;
   size_t i = 0;
   while (i < text.size()) {

@@ -5,7 +5,8 @@
 //
 // Rules (Parse):
 //   - must start with '/'                        -> EINVAL otherwise
-//   - empty string                               -> ENOENT (as POSIX does for "")
+//   - empty string                               -> ENOENT (as POSIX does for
+//   "")
 //   - contains NUL                               -> EINVAL
 //   - '//' and trailing '/' collapse; '.' is dropped
 //   - '..' removes the previous component; at the root it stays at the root

@@ -431,6 +431,15 @@ Result<std::unique_ptr<vfs::FileHandle>> LocalDirBackend::Open(const Caller& c,
         if (fstat(parent->dirfd, &pst) != 0) return Errno("open", path);
         auto [uid, gid] = NewOwner(c, pst);
         if (fchown(fd, uid, gid) != 0) return Errno("open", path);
+        // chown clears set-user-ID and set-group-ID; a file the caller had
+        // created itself would keep them, so put back what it asked for
+        // (set-group-ID only when the file's group is the caller's own).
+        mode_t keep = mode & S_ISUID;
+        if ((mode & S_ISGID) && c.gid &&
+            (gid == vfs::kKeepGid ? pst.st_gid : gid) == *c.gid)
+          keep |= S_ISGID;
+        if (keep != 0 && fchmod(fd, (mode & (0777 | S_ISVTX)) | keep) != 0)
+          return Errno("open", path);
       }
       return handle(std::move(owned));
     }

@@ -13,15 +13,20 @@
 
 #include <algorithm>
 #include <atomic>
-#include <optional>
 #include <climits>
+#include <condition_variable>
 #include <cstdlib>
 #include <cstring>
+#include <deque>
 #include <fstream>
+#include <functional>
 #include <mutex>
 #include <new>
+#include <optional>
 #include <sstream>
+#include <stop_token>
 #include <string_view>
+#include <thread>
 #include <unordered_map>
 
 namespace agentvfs::fuse {
@@ -103,17 +108,21 @@ bool IsMountPoint(const std::string& path) {
 Status CheckMountPoint(const std::string& path) {
   if (path.empty()) return Fail(EINVAL, "no mount point given");
   auto dead = [&path] {
-    return Fail(EBUSY, "'" + path +
-                           "' is a dead FUSE mount (its daemon is gone); clear it with "
-                           "`fusermount3 -u " + path + "` and mount again");
+    return Fail(
+        EBUSY, "'" + path +
+                   "' is a dead FUSE mount (its daemon is gone); clear it with "
+                   "`fusermount3 -u " +
+                   path + "` and mount again");
   };
   struct stat st;
   if (stat(path.c_str(), &st) != 0) {
     int err = errno;
     if (err == ENOTCONN || err == ECONNABORTED) return dead();
     if (err == ENOENT)
-      return Fail(ENOENT, "mount point '" + path + "' does not exist; create it with mkdir first");
-    return Fail(err, "cannot use mount point '" + path + "': " + std::strerror(err));
+      return Fail(ENOENT, "mount point '" + path +
+                              "' does not exist; create it with mkdir first");
+    return Fail(err,
+                "cannot use mount point '" + path + "': " + std::strerror(err));
   }
   if (!S_ISDIR(st.st_mode))
     return Fail(ENOTDIR, "mount point '" + path + "' is not a directory");
@@ -121,10 +130,13 @@ Status CheckMountPoint(const std::string& path) {
     // For a while after its daemon died, stat() of a FUSE mount is answered
     // from the kernel's attribute cache; statfs() always asks the daemon.
     struct statfs sfs;
-    if (statfs(path.c_str(), &sfs) != 0 && (errno == ENOTCONN || errno == ECONNABORTED))
+    if (statfs(path.c_str(), &sfs) != 0 &&
+        (errno == ENOTCONN || errno == ECONNABORTED))
       return dead();
-    return Fail(EBUSY, "'" + path + "' is already mounted; unmount it with `fusermount3 -u " +
-                           path + "` or choose another directory");
+    return Fail(EBUSY,
+                "'" + path +
+                    "' is already mounted; unmount it with `fusermount3 -u " +
+                    path + "` or choose another directory");
   }
   return {};
 }
@@ -154,7 +166,8 @@ class FuseServer::Impl {
   };
   struct ChildKeyHash {
     size_t operator()(const ChildKey& k) const {
-      return std::hash<std::string>{}(k.name) * 31 + std::hash<fuse_ino_t>{}(k.parent);
+      return std::hash<std::string>{}(k.name) * 31 +
+             std::hash<fuse_ino_t>{}(k.parent);
     }
   };
   struct FileKey {
@@ -177,23 +190,27 @@ class FuseServer::Impl {
   Result<Path> PathOf(fuse_ino_t ino) {
     std::lock_guard lock(table_mu_);
     std::string text;
-    if (!AppendPathLocked(ino, 0, &text))
+    int budget = kPathWalkBudget;
+    if (!AppendPathLocked(ino, &budget, &text))
       return Fail(ESTALE, "file was removed or renamed; look it up again");
     return Path::Parse(text.empty() ? "/" : text);
   }
   // Appends "/a/b" for `ino` to `out`. A node may keep a name whose parent
   // is gone (e.g. a file first seen under a directory the host then swapped
   // away, and looked up again under its replacement), so every name is
-  // tried, the most recent first, until one reaches the root.
-  bool AppendPathLocked(fuse_ino_t ino, int depth, std::string* out) {
+  // tried, the most recent first, until one reaches the root. `budget`
+  // bounds the total number of steps: the sandbox controls the host tree, and
+  // stale names left by its renames must not make this walk explode.
+  static constexpr int kPathWalkBudget = 4096;
+  bool AppendPathLocked(fuse_ino_t ino, int* budget, std::string* out) {
     if (ino == FUSE_ROOT_ID) return true;
-    if (depth > PATH_MAX / 2) return false;
+    if (--*budget < 0) return false;
     auto it = nodes_.find(ino);
     if (it == nodes_.end()) return false;
     const auto& names = it->second.names;
     for (auto k = names.rbegin(); k != names.rend(); ++k) {
       const size_t mark = out->size();
-      if (AppendPathLocked(k->parent, depth + 1, out)) {
+      if (AppendPathLocked(k->parent, budget, out)) {
         *out += '/';
         *out += k->name;
         return true;
@@ -210,7 +227,8 @@ class FuseServer::Impl {
 
   // Records one more kernel reference to the file `st` found at
   // (parent, name) and returns its node id.
-  fuse_ino_t Remember(fuse_ino_t parent, const std::string& name, const Attr& st) {
+  fuse_ino_t Remember(fuse_ino_t parent, const std::string& name,
+                      const Attr& st) {
     std::lock_guard lock(table_mu_);
     const ChildKey ck{parent, name};
     const FileKey fk{st.st_dev, st.st_ino};
@@ -293,7 +311,8 @@ class FuseServer::Impl {
     if (auto c = children_.find(to); c != children_.end()) dst = c->second;
     // rename(2) between two links of one file does nothing.
     if (src && dst && *src == *dst && !(flags & RENAME_EXCHANGE)) return;
-    auto rebind = [&](fuse_ino_t ino, const ChildKey& old_name, const ChildKey& new_name) {
+    auto rebind = [&](fuse_ino_t ino, const ChildKey& old_name,
+                      const ChildKey& new_name) {
       for (auto& k : nodes_[ino].names)
         if (k == old_name) k = new_name;
     };
@@ -324,7 +343,8 @@ class FuseServer::Impl {
   }
 
   // Replies an entry for (parent, name) with attributes `st`.
-  void ReplyEntry(fuse_req_t req, fuse_ino_t parent, std::string_view name, const Attr& st) {
+  void ReplyEntry(fuse_req_t req, fuse_ino_t parent, std::string_view name,
+                  const Attr& st) {
     fuse_entry_param e{};
     e.ino = Remember(parent, std::string(name), st);
     e.attr = st;
@@ -337,11 +357,46 @@ class FuseServer::Impl {
     fuse_reply_err(req, err.code > 0 ? err.code : EIO);
   }
   // Stats `path`, then replies an entry for it under (parent, name).
-  void StatAndReplyEntry(fuse_req_t req, const Caller& c, fuse_ino_t parent, const Path& path) {
+  void StatAndReplyEntry(fuse_req_t req, const Caller& c, fuse_ino_t parent,
+                         const Path& path) {
     auto st = backend_.Stat(c, path);
     if (!st) return ReplyError(req, st.error());
     ReplyEntry(req, parent, path.Name(), *st);
   }
+
+  // Runs `job` on the blocking-operation pool (started on first use).
+  void Offload(std::function<void()> job) {
+    std::lock_guard lock(pool_mu_);
+    if (workers_.empty()) {
+      for (int i = 0; i < kPoolThreads; ++i)
+        workers_.emplace_back([this](std::stop_token stop) { Work(stop); });
+    }
+    jobs_.push_back(std::move(job));
+    pool_cv_.notify_one();
+  }
+  void Work(std::stop_token stop) {
+    while (true) {
+      std::function<void()> job;
+      {
+        std::unique_lock lock(pool_mu_);
+        pool_cv_.wait(lock, stop, [this] { return !jobs_.empty(); });
+        if (jobs_.empty()) return;  // stopping and drained
+        job = std::move(jobs_.front());
+        jobs_.pop_front();
+      }
+      job();
+    }
+  }
+  void StopPool() {
+    std::vector<std::jthread> workers;
+    {
+      std::lock_guard lock(pool_mu_);
+      workers.swap(workers_);
+    }
+    workers.clear();  // request_stop + join; queued jobs finish first
+  }
+
+  static constexpr int kPoolThreads = 2;
 
   vfs::Backend& backend_;
   FuseOptions options_;
@@ -356,6 +411,11 @@ class FuseServer::Impl {
   fuse_ino_t next_ino_ = FUSE_ROOT_ID + 1;
 
   std::atomic<uint64_t> next_request_{1};
+
+  std::mutex pool_mu_;  // guards jobs_, workers_
+  std::condition_variable_any pool_cv_;
+  std::deque<std::function<void()>> jobs_;
+  std::vector<std::jthread> workers_;
 };
 
 // An open directory: a snapshot of its entries taken at opendir.
@@ -369,7 +429,9 @@ using Impl = FuseServer::Impl;
 
 void ReplyErr(fuse_req_t req, int err) { fuse_reply_err(req, err); }
 
-Impl* Self(fuse_req_t req) { return static_cast<Impl*>(fuse_req_userdata(req)); }
+Impl* Self(fuse_req_t req) {
+  return static_cast<Impl*>(fuse_req_userdata(req));
+}
 vfs::FileHandle* FileOf(fuse_file_info* fi) {
   return reinterpret_cast<vfs::FileHandle*>(fi->fh);
 }
@@ -426,7 +488,8 @@ void OpForget(fuse_req_t req, fuse_ino_t ino, uint64_t nlookup) {
 
 void OpForgetMulti(fuse_req_t req, size_t count, fuse_forget_data* forgets) {
   auto* self = Self(req);
-  for (size_t i = 0; i < count; ++i) self->Forget(forgets[i].ino, forgets[i].nlookup);
+  for (size_t i = 0; i < count; ++i)
+    self->Forget(forgets[i].ino, forgets[i].nlookup);
   fuse_reply_none(req);
 }
 
@@ -469,7 +532,8 @@ void OpSetattr(fuse_req_t req, fuse_ino_t ino, struct stat* attr, int to_set,
       if (!r) return self->ReplyError(req, r.error());
     }
     if (to_set & FUSE_SET_ATTR_SIZE) {
-      Status r = h ? h->Truncate(attr->st_size) : b.Truncate(c, *path, attr->st_size);
+      Status r =
+          h ? h->Truncate(attr->st_size) : b.Truncate(c, *path, attr->st_size);
       if (!r) return self->ReplyError(req, r.error());
     }
     if (to_set & (FUSE_SET_ATTR_ATIME | FUSE_SET_ATTR_MTIME)) {
@@ -504,7 +568,8 @@ void OpReadlink(fuse_req_t req, fuse_ino_t ino) {
   });
 }
 
-void OpMknod(fuse_req_t req, fuse_ino_t parent, const char* name, mode_t mode, dev_t rdev) {
+void OpMknod(fuse_req_t req, fuse_ino_t parent, const char* name, mode_t mode,
+             dev_t rdev) {
   Guard(req, "mknod", [&] {
     auto* self = Self(req);
     auto path = self->ChildPath(parent, name);
@@ -512,9 +577,12 @@ void OpMknod(fuse_req_t req, fuse_ino_t parent, const char* name, mode_t mode, d
     Caller c = self->CallerFor(req);
     Status r;
     if (S_ISREG(mode)) {
-      auto h = self->backend_.Open(c, *path, O_CREAT | O_EXCL | O_WRONLY, mode & 07777);
-      if (h) r = (*h)->Flush();
-      else r = std::unexpected(h.error());
+      auto h = self->backend_.Open(c, *path, O_CREAT | O_EXCL | O_WRONLY,
+                                   mode & 07777);
+      if (h)
+        r = (*h)->Flush();
+      else
+        r = std::unexpected(h.error());
     } else {
       r = self->backend_.Mknod(c, *path, mode, rdev);
     }
@@ -559,7 +627,8 @@ void OpRmdir(fuse_req_t req, fuse_ino_t parent, const char* name) {
   });
 }
 
-void OpSymlink(fuse_req_t req, const char* target, fuse_ino_t parent, const char* name) {
+void OpSymlink(fuse_req_t req, const char* target, fuse_ino_t parent,
+               const char* name) {
   Guard(req, "symlink", [&] {
     auto* self = Self(req);
     auto path = self->ChildPath(parent, name);
@@ -571,8 +640,8 @@ void OpSymlink(fuse_req_t req, const char* target, fuse_ino_t parent, const char
   });
 }
 
-void OpRename(fuse_req_t req, fuse_ino_t parent, const char* name, fuse_ino_t newparent,
-              const char* newname, unsigned int flags) {
+void OpRename(fuse_req_t req, fuse_ino_t parent, const char* name,
+              fuse_ino_t newparent, const char* newname, unsigned int flags) {
   Guard(req, "rename", [&] {
     auto* self = Self(req);
     auto from = self->ChildPath(parent, name);
@@ -581,14 +650,16 @@ void OpRename(fuse_req_t req, fuse_ino_t parent, const char* name, fuse_ino_t ne
     if (!to) return self->ReplyError(req, to.error());
     if (flags & ~(RENAME_NOREPLACE | RENAME_EXCHANGE))
       return ReplyErr(req, EINVAL);
-    if (auto r = self->backend_.Rename(self->CallerFor(req), *from, *to, flags); !r)
+    if (auto r = self->backend_.Rename(self->CallerFor(req), *from, *to, flags);
+        !r)
       return self->ReplyError(req, r.error());
     self->Moved(parent, name, newparent, newname, flags);
     fuse_reply_err(req, 0);
   });
 }
 
-void OpLink(fuse_req_t req, fuse_ino_t ino, fuse_ino_t newparent, const char* newname) {
+void OpLink(fuse_req_t req, fuse_ino_t ino, fuse_ino_t newparent,
+            const char* newname) {
   Guard(req, "link", [&] {
     auto* self = Self(req);
     auto from = self->PathOf(ino);
@@ -596,7 +667,8 @@ void OpLink(fuse_req_t req, fuse_ino_t ino, fuse_ino_t newparent, const char* ne
     auto to = self->ChildPath(newparent, newname);
     if (!to) return self->ReplyError(req, to.error());
     Caller c = self->CallerFor(req);
-    if (auto r = self->backend_.Link(c, *from, *to); !r) return self->ReplyError(req, r.error());
+    if (auto r = self->backend_.Link(c, *from, *to); !r)
+      return self->ReplyError(req, r.error());
     self->StatAndReplyEntry(req, c, newparent, *to);
   });
 }
@@ -627,7 +699,8 @@ void OpOpen(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
     auto h = self->backend_.Open(self->CallerFor(req), *path, flags, 0);
     if (!h) return self->ReplyError(req, h.error());
     fi->fh = reinterpret_cast<uint64_t>(h->release());
-    fi->keep_cache = 1;  // FUSE_CAP_AUTO_INVAL_DATA drops it when mtime/size change
+    fi->keep_cache =
+        1;  // FUSE_CAP_AUTO_INVAL_DATA drops it when mtime/size change
     if (fuse_reply_open(req, fi) != 0) delete FileOf(fi);
   });
 }
@@ -658,13 +731,15 @@ void OpCreate(fuse_req_t req, fuse_ino_t parent, const char* name, mode_t mode,
   });
 }
 
-void OpRead(fuse_req_t req, fuse_ino_t, size_t size, off_t off, fuse_file_info* fi) {
+void OpRead(fuse_req_t req, fuse_ino_t, size_t size, off_t off,
+            fuse_file_info* fi) {
   Guard(req, "read", [&] {
     auto* h = FileOf(fi);
     if (int fd = h->NativeFd(); fd >= 0) {
       // Zero-copy: libfuse splices straight from the host file.
       fuse_bufvec buf = FUSE_BUFVEC_INIT(size);
-      buf.buf[0].flags = static_cast<fuse_buf_flags>(FUSE_BUF_IS_FD | FUSE_BUF_FD_SEEK);
+      buf.buf[0].flags =
+          static_cast<fuse_buf_flags>(FUSE_BUF_IS_FD | FUSE_BUF_FD_SEEK);
       buf.buf[0].fd = fd;
       buf.buf[0].pos = off;
       fuse_reply_data(req, &buf, FUSE_BUF_SPLICE_MOVE);
@@ -677,14 +752,17 @@ void OpRead(fuse_req_t req, fuse_ino_t, size_t size, off_t off, fuse_file_info* 
   });
 }
 
-void OpWriteBuf(fuse_req_t req, fuse_ino_t, fuse_bufvec* in, off_t off, fuse_file_info* fi) {
+void OpWriteBuf(fuse_req_t req, fuse_ino_t, fuse_bufvec* in, off_t off,
+                fuse_file_info* fi) {
   Guard(req, "write", [&] {
     auto* h = FileOf(fi);
     const size_t size = fuse_buf_size(in);
-    const bool append = (fi->flags & O_APPEND) && !Self(req)->options_.writeback_cache;
+    const bool append =
+        (fi->flags & O_APPEND) && !Self(req)->options_.writeback_cache;
     if (int fd = h->NativeFd(); fd >= 0 && !append) {
       fuse_bufvec out = FUSE_BUFVEC_INIT(size);
-      out.buf[0].flags = static_cast<fuse_buf_flags>(FUSE_BUF_IS_FD | FUSE_BUF_FD_SEEK);
+      out.buf[0].flags =
+          static_cast<fuse_buf_flags>(FUSE_BUF_IS_FD | FUSE_BUF_FD_SEEK);
       out.buf[0].fd = fd;
       out.buf[0].pos = off;
       ssize_t n = fuse_buf_copy(&out, in, FUSE_BUF_SPLICE_NONBLOCK);
@@ -695,7 +773,8 @@ void OpWriteBuf(fuse_req_t req, fuse_ino_t, fuse_bufvec* in, off_t off, fuse_fil
     std::unique_ptr<char[]> data(new char[size]);
     fuse_bufvec mem = FUSE_BUFVEC_INIT(size);
     mem.buf[0].mem = data.get();
-    ssize_t copied = fuse_buf_copy(&mem, in, static_cast<fuse_buf_copy_flags>(0));
+    ssize_t copied =
+        fuse_buf_copy(&mem, in, static_cast<fuse_buf_copy_flags>(0));
     if (copied < 0) return ReplyErr(req, static_cast<int>(-copied));
     auto n = h->Write(data.get(), static_cast<size_t>(copied), off);
     if (!n) return Self(req)->ReplyError(req, n.error());
@@ -720,10 +799,15 @@ void OpRelease(fuse_req_t req, fuse_ino_t, fuse_file_info* fi) {
 }
 
 void OpFsync(fuse_req_t req, fuse_ino_t, int datasync, fuse_file_info* fi) {
-  Guard(req, "fsync", [&] {
-    auto r = FileOf(fi)->Sync(datasync != 0);
-    if (!r) return Self(req)->ReplyError(req, r.error());
-    fuse_reply_err(req, 0);
+  // A flush to disk can take seconds; the reading thread goes on meanwhile.
+  // The kernel does not release the file while this request is pending.
+  vfs::FileHandle* h = FileOf(fi);
+  Self(req)->Offload([req, h, datasync] {
+    Guard(req, "fsync", [&] {
+      auto r = h->Sync(datasync != 0);
+      if (!r) return Self(req)->ReplyError(req, r.error());
+      fuse_reply_err(req, 0);
+    });
   });
 }
 
@@ -740,23 +824,26 @@ void OpOpendir(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
     dir->entries.push_back(vfs::DirEntry{"..", 0, S_IFDIR});
     for (auto& e : *entries) dir->entries.push_back(std::move(e));
     fi->fh = reinterpret_cast<uint64_t>(dir.release());
-    if (fuse_reply_open(req, fi) != 0) delete reinterpret_cast<DirHandle*>(fi->fh);
+    if (fuse_reply_open(req, fi) != 0)
+      delete reinterpret_cast<DirHandle*>(fi->fh);
   });
 }
 
-void OpReaddir(fuse_req_t req, fuse_ino_t, size_t size, off_t off, fuse_file_info* fi) {
+void OpReaddir(fuse_req_t req, fuse_ino_t, size_t size, off_t off,
+               fuse_file_info* fi) {
   Guard(req, "readdir", [&] {
     auto* dir = reinterpret_cast<DirHandle*>(fi->fh);
     std::unique_ptr<char[]> buf(new char[size]);
     size_t used = 0;
     for (size_t i = static_cast<size_t>(off); i < dir->entries.size(); ++i) {
       const auto& e = dir->entries[i];
-      struct stat st{};
+      struct stat st {};
       // glibc's readdir() hides entries whose d_ino is 0.
       st.st_ino = e.ino != 0 ? e.ino : 0xffffffffu;
       st.st_mode = e.type;
-      size_t need = fuse_add_direntry(req, buf.get() + used, size - used, e.name.c_str(), &st,
-                                      static_cast<off_t>(i + 1));
+      size_t need =
+          fuse_add_direntry(req, buf.get() + used, size - used, e.name.c_str(),
+                            &st, static_cast<off_t>(i + 1));
       if (need > size - used) break;
       used += need;
     }
@@ -769,7 +856,9 @@ void OpReleasedir(fuse_req_t req, fuse_ino_t, fuse_file_info* fi) {
   fuse_reply_err(req, 0);
 }
 
-void OpFsyncdir(fuse_req_t req, fuse_ino_t, int, fuse_file_info*) { fuse_reply_err(req, 0); }
+void OpFsyncdir(fuse_req_t req, fuse_ino_t, int, fuse_file_info*) {
+  fuse_reply_err(req, 0);
+}
 
 void OpStatfs(fuse_req_t req, fuse_ino_t ino) {
   Guard(req, "statfs", [&] {
@@ -784,10 +873,12 @@ void OpStatfs(fuse_req_t req, fuse_ino_t ino) {
 
 // ACLs stored as xattrs would not be enforced by the kernel's
 // default_permissions checks, so they are refused rather than silently kept.
-bool RefusedXattr(const char* name) { return std::strncmp(name, "system.", 7) == 0; }
+bool RefusedXattr(const char* name) {
+  return std::strncmp(name, "system.", 7) == 0;
+}
 
-void OpSetxattr(fuse_req_t req, fuse_ino_t ino, const char* name, const char* value, size_t size,
-                int flags) {
+void OpSetxattr(fuse_req_t req, fuse_ino_t ino, const char* name,
+                const char* value, size_t size, int flags) {
   Guard(req, "setxattr", [&] {
     auto* self = Self(req);
     if (RefusedXattr(name)) return ReplyErr(req, EOPNOTSUPP);
@@ -850,16 +941,20 @@ void OpRemovexattr(fuse_req_t req, fuse_ino_t ino, const char* name) {
   });
 }
 
-void OpFallocate(fuse_req_t req, fuse_ino_t, int mode, off_t offset, off_t length,
-                 fuse_file_info* fi) {
-  Guard(req, "fallocate", [&] {
-    auto r = FileOf(fi)->Allocate(mode, offset, length);
-    if (!r) return Self(req)->ReplyError(req, r.error());
-    fuse_reply_err(req, 0);
+void OpFallocate(fuse_req_t req, fuse_ino_t, int mode, off_t offset,
+                 off_t length, fuse_file_info* fi) {
+  vfs::FileHandle* h = FileOf(fi);
+  Self(req)->Offload([req, h, mode, offset, length] {
+    Guard(req, "fallocate", [&] {
+      auto r = h->Allocate(mode, offset, length);
+      if (!r) return Self(req)->ReplyError(req, r.error());
+      fuse_reply_err(req, 0);
+    });
   });
 }
 
-void OpLseek(fuse_req_t req, fuse_ino_t, off_t off, int whence, fuse_file_info* fi) {
+void OpLseek(fuse_req_t req, fuse_ino_t, off_t off, int whence,
+             fuse_file_info* fi) {
   Guard(req, "lseek", [&] {
     int fd = FileOf(fi)->NativeFd();
     if (fd < 0) return ReplyErr(req, ENOSYS);
@@ -910,7 +1005,8 @@ fuse_lowlevel_ops MakeOps() {
 
 Status FuseServer::Impl::Start() {
   if (auto ok = CheckMountPoint(options_.mountpoint); !ok) return ok;
-  std::string opts = "default_permissions,fsname=" + options_.fsname + ",subtype=agentvfs";
+  std::string opts =
+      "default_permissions,fsname=" + options_.fsname + ",subtype=agentvfs";
   if (options_.allow_other) opts += ",allow_other";
   std::vector<std::string> argv_text = {"agentvfs", "-o", opts};
   if (options_.debug) argv_text.push_back("-d");
@@ -924,9 +1020,10 @@ Status FuseServer::Impl::Start() {
   if (fuse_session_mount(session_, options_.mountpoint.c_str()) != 0) {
     fuse_session_destroy(session_);
     session_ = nullptr;
-    std::string hint = options_.allow_other
-                           ? " (allow_other needs root or user_allow_other in /etc/fuse.conf)"
-                           : " (is /dev/fuse available and fusermount3 installed?)";
+    std::string hint =
+        options_.allow_other
+            ? " (allow_other needs root or user_allow_other in /etc/fuse.conf)"
+            : " (is /dev/fuse available and fusermount3 installed?)";
     return Fail(EIO, "cannot mount at '" + options_.mountpoint + "'" + hint);
   }
   mounted_ = true;
@@ -936,22 +1033,24 @@ Status FuseServer::Impl::Start() {
 Status FuseServer::Impl::Run() {
   if (session_ == nullptr) return {};
   int rc;
-  if (options_.single_threaded) {
+  if (options_.threads <= 1) {
     rc = fuse_session_loop(session_);
   } else {
     fuse_loop_config* cfg = fuse_loop_cfg_create();
     fuse_loop_cfg_set_clone_fd(cfg, 1);
-    fuse_loop_cfg_set_max_threads(cfg, options_.max_threads);
-    fuse_loop_cfg_set_idle_threads(cfg, options_.max_threads / 2);
+    fuse_loop_cfg_set_max_threads(cfg, options_.threads);
+    fuse_loop_cfg_set_idle_threads(cfg, options_.threads);
     rc = fuse_session_loop_mt(session_, cfg);
     fuse_loop_cfg_destroy(cfg);
   }
   // A signal ends the loop with rc = signal number; that is a clean stop.
-  if (rc < 0) return Fail(-rc, std::string("FUSE loop failed: ") + std::strerror(-rc));
+  if (rc < 0)
+    return Fail(-rc, std::string("FUSE loop failed: ") + std::strerror(-rc));
   return {};
 }
 
 void FuseServer::Impl::Teardown() {
+  StopPool();
   if (session_ == nullptr) return;
   if (signals_) {
     fuse_remove_signal_handlers(session_);
@@ -969,7 +1068,7 @@ FuseServer::FuseServer(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 FuseServer::~FuseServer() = default;
 
 Result<std::unique_ptr<FuseServer>> FuseServer::Mount(vfs::Backend& backend,
-                                                       FuseOptions options) {
+                                                      FuseOptions options) {
   auto impl = std::make_unique<Impl>(backend, std::move(options));
   if (auto ok = impl->Start(); !ok) return std::unexpected(ok.error());
   return std::unique_ptr<FuseServer>(new FuseServer(std::move(impl)));
@@ -984,7 +1083,8 @@ Status FuseServer::HandleSignals() {
 }
 
 Status FuseServer::Daemonize() {
-  if (fuse_daemonize(0) != 0) return Fail(EIO, "cannot detach into the background");
+  if (fuse_daemonize(0) != 0)
+    return Fail(EIO, "cannot detach into the background");
   return {};
 }
 
