@@ -45,11 +45,13 @@ Status Router::Mount(const std::string& prefix, vfs::Backend* backend,
     return Fail(EINVAL, "cannot mount at '/': the root lists the mounts");
   if (backend == nullptr) return Fail(EINVAL, "no backend to mount");
   for (const auto& m : mounts_)
-    if (m.prefix == *path) return Fail(EEXIST, Quote(*path) + " is already mounted");
+    if (m.prefix == *path)
+      return Fail(EEXIST, Quote(*path) + " is already mounted");
   mounts_.push_back(MountEntry{*path, backend, options});
-  std::stable_sort(mounts_.begin(), mounts_.end(), [](const auto& a, const auto& b) {
-    return a.prefix.str().size() > b.prefix.str().size();
-  });
+  std::stable_sort(mounts_.begin(), mounts_.end(),
+                   [](const auto& a, const auto& b) {
+                     return a.prefix.str().size() > b.prefix.str().size();
+                   });
   return {};
 }
 
@@ -89,9 +91,10 @@ Result<Router::Target> Router::ResolveForCreate(const Path& path) const {
   if (!t) {
     // Creating a new name in a synthesised directory: refused, not ENOENT.
     if (t.error().code == ENOENT && IsSynthetic(path.Parent()))
-      return Fail(EACCES, "cannot create " + Quote(path) +
-                              ": the top level is read-only; write inside a mount "
-                              "such as /workspace");
+      return Fail(EACCES,
+                  "cannot create " + Quote(path) +
+                      ": the top level is read-only; write inside a mount "
+                      "such as /workspace");
     return t;
   }
   if (t->mount == nullptr || t->is_mount_point)
@@ -103,9 +106,12 @@ Result<Router::Target> Router::ResolveForRemove(const Path& path) const {
   auto t = Resolve(path, Access::kWrite);
   if (!t) return t;
   if (t->mount == nullptr)
-    return Fail(EACCES, "cannot change " + Quote(path) + ": the top level is read-only");
+    return Fail(EACCES, "cannot change " + Quote(path) +
+                            ": the top level is read-only");
   if (t->is_mount_point)
-    return Fail(EBUSY, Quote(path) + " is a mount point and cannot be removed or renamed");
+    return Fail(
+        EBUSY,
+        Quote(path) + " is a mount point and cannot be removed or renamed");
   return t;
 }
 
@@ -142,7 +148,8 @@ Result<Attr> Router::Stat(const Caller& c, const Path& path) {
   return t->mount->backend->Stat(c, t->inner);
 }
 
-Result<std::vector<vfs::DirEntry>> Router::ReadDir(const Caller& c, const Path& path) {
+Result<std::vector<vfs::DirEntry>> Router::ReadDir(const Caller& c,
+                                                   const Path& path) {
   auto t = Resolve(path, Access::kRead);
   if (!t) return std::unexpected(t.error());
   if (t->mount == nullptr) return SyntheticList(path);
@@ -164,15 +171,19 @@ Result<std::vector<vfs::DirEntry>> Router::ReadDir(const Caller& c, const Path& 
   return entries;
 }
 
-Result<std::unique_ptr<vfs::FileHandle>> Router::Open(const Caller& c, const Path& path,
+Result<std::unique_ptr<vfs::FileHandle>> Router::Open(const Caller& c,
+                                                      const Path& path,
                                                       int flags, mode_t mode) {
-  const bool writes = (flags & O_ACCMODE) != O_RDONLY || (flags & (O_CREAT | O_TRUNC));
+  const bool writes =
+      (flags & O_ACCMODE) != O_RDONLY || (flags & (O_CREAT | O_TRUNC));
   auto t = Resolve(path, writes ? Access::kWrite : Access::kRead);
   if (!t) {
-    if (t.error().code == ENOENT && (flags & O_CREAT) && IsSynthetic(path.Parent()))
-      return Fail(EACCES, "cannot create " + Quote(path) +
-                              ": the top level is read-only; write inside a mount "
-                              "such as /workspace");
+    if (t.error().code == ENOENT && (flags & O_CREAT) &&
+        IsSynthetic(path.Parent()))
+      return Fail(EACCES,
+                  "cannot create " + Quote(path) +
+                      ": the top level is read-only; write inside a mount "
+                      "such as /workspace");
     return std::unexpected(t.error());
   }
   if (t->mount == nullptr) {
@@ -189,13 +200,15 @@ Status Router::Mkdir(const Caller& c, const Path& path, mode_t mode) {
   return t->mount->backend->Mkdir(c, t->inner, mode);
 }
 
-Status Router::Mknod(const Caller& c, const Path& path, mode_t mode, dev_t rdev) {
+Status Router::Mknod(const Caller& c, const Path& path, mode_t mode,
+                     dev_t rdev) {
   auto t = ResolveForCreate(path);
   if (!t) return std::unexpected(t.error());
   return t->mount->backend->Mknod(c, t->inner, mode, rdev);
 }
 
-Status Router::Symlink(const Caller& c, const std::string& target, const Path& link) {
+Status Router::Symlink(const Caller& c, const std::string& target,
+                       const Path& link) {
   auto t = ResolveForCreate(link);
   if (!t) return std::unexpected(t.error());
   return t->mount->backend->Symlink(c, target, t->inner);
@@ -206,7 +219,8 @@ Status Router::Unlink(const Caller& c, const Path& path) {
   if (!t) {
     if (t.error().code == EBUSY || t.error().code == EACCES) {
       // unlink(2) of a directory says EISDIR before anything else.
-      if (auto r = Resolve(path, Access::kRead); r && (r->mount == nullptr || r->is_mount_point))
+      if (auto r = Resolve(path, Access::kRead);
+          r && (r->mount == nullptr || r->is_mount_point))
         return Fail(EISDIR, Quote(path) + " is a directory");
     }
     return std::unexpected(t.error());
@@ -223,7 +237,8 @@ Status Router::Rmdir(const Caller& c, const Path& path) {
 Result<std::string> Router::Readlink(const Caller& c, const Path& path) {
   auto t = Resolve(path, Access::kRead);
   if (!t) return std::unexpected(t.error());
-  if (t->mount == nullptr) return Fail(EINVAL, Quote(path) + " is not a symlink");
+  if (t->mount == nullptr)
+    return Fail(EINVAL, Quote(path) + " is not a symlink");
   return t->mount->backend->Readlink(c, t->inner);
 }
 
@@ -231,31 +246,40 @@ Status Router::Link(const Caller& c, const Path& from, const Path& to) {
   auto src = Resolve(from, Access::kWrite);
   if (!src) return std::unexpected(src.error());
   if (src->mount == nullptr || src->is_mount_point)
-    return Fail(EPERM, Quote(from) + " is a directory; directories cannot be hard-linked");
+    return Fail(
+        EPERM,
+        Quote(from) + " is a directory; directories cannot be hard-linked");
   auto dst = ResolveForCreate(to);
   if (!dst) return std::unexpected(dst.error());
   if (src->mount != dst->mount)
-    return Fail(EXDEV, "cannot link across mounts (" + src->mount->prefix.str() + " and " +
-                           dst->mount->prefix.str() + "); copy the file instead");
+    return Fail(EXDEV, "cannot link across mounts (" +
+                           src->mount->prefix.str() + " and " +
+                           dst->mount->prefix.str() +
+                           "); copy the file instead");
   return src->mount->backend->Link(c, src->inner, dst->inner);
 }
 
-Status Router::Rename(const Caller& c, const Path& from, const Path& to, unsigned flags) {
+Status Router::Rename(const Caller& c, const Path& from, const Path& to,
+                      unsigned flags) {
   auto src = ResolveForRemove(from);
   if (!src) return std::unexpected(src.error());
   auto dst = Resolve(to, Access::kWrite);
   if (!dst) {
     if (dst.error().code == ENOENT && IsSynthetic(to.Parent()))
-      return Fail(EACCES, "cannot rename into the top level, which is read-only");
+      return Fail(EACCES,
+                  "cannot rename into the top level, which is read-only");
     return std::unexpected(dst.error());
   }
   if (dst->mount == nullptr)
-    return Fail(EACCES, "cannot rename onto " + Quote(to) + ": the top level is read-only");
+    return Fail(EACCES, "cannot rename onto " + Quote(to) +
+                            ": the top level is read-only");
   if (dst->is_mount_point)
     return Fail(EBUSY, Quote(to) + " is a mount point and cannot be replaced");
   if (src->mount != dst->mount)
-    return Fail(EXDEV, "cannot move across mounts (" + src->mount->prefix.str() + " and " +
-                           dst->mount->prefix.str() + "); copy then delete instead");
+    return Fail(EXDEV, "cannot move across mounts (" +
+                           src->mount->prefix.str() + " and " +
+                           dst->mount->prefix.str() +
+                           "); copy then delete instead");
   return src->mount->backend->Rename(c, src->inner, dst->inner, flags);
 }
 
@@ -273,7 +297,8 @@ Status Router::Chown(const Caller& c, const Path& path, uid_t uid, gid_t gid) {
   return t->mount->backend->Chown(c, t->inner, uid, gid);
 }
 
-Status Router::Utimens(const Caller& c, const Path& path, const struct timespec times[2]) {
+Status Router::Utimens(const Caller& c, const Path& path,
+                       const struct timespec times[2]) {
   auto t = Resolve(path, Access::kWrite);
   if (!t) return std::unexpected(t.error());
   if (t->mount == nullptr) return Fail(EACCES, "the top level is read-only");
@@ -299,29 +324,33 @@ Result<struct statvfs> Router::StatFs(const Caller& c, const Path& path) {
   return t->mount->backend->StatFs(c, t->inner);
 }
 
-Result<std::string> Router::GetXattr(const Caller& c, const Path& path, const std::string& name) {
+Result<std::string> Router::GetXattr(const Caller& c, const Path& path,
+                                     const std::string& name) {
   auto t = Resolve(path, Access::kRead);
   if (!t) return std::unexpected(t.error());
   if (t->mount == nullptr) return Fail(ENODATA, "no such attribute");
   return t->mount->backend->GetXattr(c, t->inner, name);
 }
 
-Status Router::SetXattr(const Caller& c, const Path& path, const std::string& name,
-                        const std::string& value, int flags) {
+Status Router::SetXattr(const Caller& c, const Path& path,
+                        const std::string& name, const std::string& value,
+                        int flags) {
   auto t = Resolve(path, Access::kWrite);
   if (!t) return std::unexpected(t.error());
   if (t->mount == nullptr) return Fail(EACCES, "the top level is read-only");
   return t->mount->backend->SetXattr(c, t->inner, name, value, flags);
 }
 
-Result<std::vector<std::string>> Router::ListXattr(const Caller& c, const Path& path) {
+Result<std::vector<std::string>> Router::ListXattr(const Caller& c,
+                                                   const Path& path) {
   auto t = Resolve(path, Access::kRead);
   if (!t) return std::unexpected(t.error());
   if (t->mount == nullptr) return std::vector<std::string>{};
   return t->mount->backend->ListXattr(c, t->inner);
 }
 
-Status Router::RemoveXattr(const Caller& c, const Path& path, const std::string& name) {
+Status Router::RemoveXattr(const Caller& c, const Path& path,
+                           const std::string& name) {
   auto t = Resolve(path, Access::kWrite);
   if (!t) return std::unexpected(t.error());
   if (t->mount == nullptr) return Fail(EACCES, "the top level is read-only");

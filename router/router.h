@@ -7,7 +7,8 @@
 //     and list the next component of each mount below them;
 //   - unknown names in a synthesised directory -> ENOENT;
 //   - creating anything in a synthesised directory -> EACCES;
-//   - removing or renaming a mount point -> EBUSY;
+//   - removing or renaming a mount point -> EBUSY (unlink of one: EISDIR,
+//     as unlink(2) of a directory);
 //   - rename or link between two mounts (even of one backend) -> EXDEV;
 //   - every write to a read-only mount -> EROFS.
 // A mount either strips its prefix (the backend sees "/" for the mount point,
@@ -78,8 +79,7 @@ class Router final : public vfs::Backend {
                        off_t size) override;
   vfs::Result<struct statvfs> StatFs(const vfs::Caller& c,
                                      const vfs::Path& path) override;
-  vfs::Result<std::string> GetXattr(const vfs::Caller& c,
-                                    const vfs::Path& path,
+  vfs::Result<std::string> GetXattr(const vfs::Caller& c, const vfs::Path& path,
                                     const std::string& name) override;
   vfs::Status SetXattr(const vfs::Caller& c, const vfs::Path& path,
                        const std::string& name, const std::string& value,

@@ -6,7 +6,7 @@
 
 namespace agentvfs::vfs {
 
-std::string_view ErrnoName(int code) {
+std::string ErrnoName(int code) {
   switch (code) {
 #define AGENTVFS_ERRNO_CASE(e) \
   case e:                      \
@@ -48,13 +48,11 @@ std::string_view ErrnoName(int code) {
     default:
       break;
   }
-  thread_local std::string buf;
-  buf = "E" + std::to_string(code);
-  return buf;
+  return "E" + std::to_string(code);
 }
 
 std::string Error::ToString() const {
-  std::string out(ErrnoName(code));
+  std::string out = ErrnoName(code);
   if (!message.empty()) {
     out += ": ";
     out += message;

@@ -34,6 +34,6 @@ inline std::unexpected<Error> Fail(int code, std::string message = {}) {
 Error FromErrno(int err, std::string_view op, std::string_view path);
 
 // Symbolic name of an errno value ("ENOENT"), or "E<number>" when unknown.
-std::string_view ErrnoName(int code);
+std::string ErrnoName(int code);
 
 }  // namespace agentvfs::vfs
