@@ -995,6 +995,17 @@ INSTANTIATE_TEST_SUITE_P(LocalDirApi, ConformanceTest,
                          ::testing::Values(LocalDirApiFactory()), FactoryName);
 INSTANTIATE_TEST_SUITE_P(Fuse, ConformanceTest,
                          ::testing::Values(FuseFactory()), FactoryName);
+// The same mount served by libfuse's multi-threaded loop, and with the
+// kernel's writeback cache (the "exclusive" mode of the benchmark).
+INSTANTIATE_TEST_SUITE_P(FuseThreaded, ConformanceTest,
+                         ::testing::Values(FuseFactory("FuseThreaded",
+                                                       {"--threads", "4"})),
+                         FactoryName);
+INSTANTIATE_TEST_SUITE_P(
+    FuseWriteback, ConformanceTest,
+    ::testing::Values(FuseFactory("FuseWriteback", {"--writeback-cache",
+                                                    "--cache-timeout", "30"})),
+    FactoryName);
 
 }  // namespace
 }  // namespace agentvfs::conformance

@@ -62,15 +62,16 @@ FsOpsFactory LocalDirApiFactory() {
           }};
 }
 
-FsOpsFactory FuseFactory() {
-  return {"Fuse", []() -> Result<std::unique_ptr<FsOps>> {
+FsOpsFactory FuseFactory(std::string name,
+                         std::vector<std::string> mount_args) {
+  return {std::move(name), [mount_args]() -> Result<std::unique_ptr<FsOps>> {
             auto owned = std::make_shared<FuseMount>();
             owned->workspace = std::make_unique<TempDir>("agentvfs-ws");
             owned->mountpoint = std::make_unique<TempDir>("agentvfs-mnt");
             std::string error;
-            owned->view =
-                MountedView::Start(owned->workspace->path(),
-                                   owned->mountpoint->path(), {}, &error);
+            owned->view = MountedView::Start(owned->workspace->path(),
+                                             owned->mountpoint->path(),
+                                             mount_args, &error);
             if (owned->view == nullptr) return vfs::Fail(EIO, error);
             std::string root = owned->view->mountpoint() + "/workspace";
             return MakeSyscallOps(root, std::move(owned));

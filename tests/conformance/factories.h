@@ -3,6 +3,9 @@
 // and one INSTANTIATE line in conformance_test.cc.
 #pragma once
 
+#include <string>
+#include <vector>
+
 #include "tests/conformance/fs_ops.h"
 
 namespace agentvfs::conformance {
@@ -12,7 +15,8 @@ namespace agentvfs::conformance {
 FsOpsFactory NativeFactory();
 // The vfs API: Router{ /workspace -> LocalDirBackend(temporary directory) }.
 FsOpsFactory LocalDirApiFactory();
-// Real syscalls on MOUNTPOINT/workspace of `agentvfs mount`.
-FsOpsFactory FuseFactory();
+// Real syscalls on MOUNTPOINT/workspace of `agentvfs mount MOUNT_ARGS`.
+FsOpsFactory FuseFactory(std::string name = "Fuse",
+                         std::vector<std::string> mount_args = {});
 
 }  // namespace agentvfs::conformance

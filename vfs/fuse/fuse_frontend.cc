@@ -92,17 +92,41 @@ std::string AbsoluteOf(const std::string& path) {
 
 }  // namespace
 
-bool IsMountPoint(const std::string& path) {
+namespace {
+
+// "major:minor" of the filesystem mounted at `path` (the last mount there
+// wins, as in path resolution), read from mountinfo without touching the
+// mount itself, which may not be served yet.
+std::optional<std::string> MountDevice(const std::string& path) {
   const std::string abs = AbsoluteOf(path);
   std::ifstream in("/proc/self/mountinfo");
   std::string line;
+  std::optional<std::string> found;
   while (std::getline(in, line)) {
     std::istringstream fields(line);
     std::string id, parent, devs, root, mnt;
     fields >> id >> parent >> devs >> root >> mnt;
-    if (UnescapeMountinfo(mnt) == abs) return true;
+    if (UnescapeMountinfo(mnt) == abs) found = devs;
   }
-  return false;
+  return found;
+}
+
+// Raises the kernel's readahead window of our own mount (capped at 128 KiB
+// for FUSE unless set through sysfs), so cold sequential reads ask the
+// daemon for large blocks ahead of the reader. Best effort: needs root.
+void RaiseReadahead(const std::string& mountpoint, unsigned kib) {
+  auto dev = MountDevice(mountpoint);
+  if (!dev) return;
+  std::ofstream ra("/sys/class/bdi/" + *dev + "/read_ahead_kb");
+  if (ra) ra << kib << "\n";
+  if (!ra)
+    Log()->debug("cannot raise readahead of {} (bdi {})", mountpoint, *dev);
+}
+
+}  // namespace
+
+bool IsMountPoint(const std::string& path) {
+  return MountDevice(path).has_value();
 }
 
 Status CheckMountPoint(const std::string& path) {
@@ -142,6 +166,8 @@ Status CheckMountPoint(const std::string& path) {
 }
 
 // ---------------------------------------------------------------------------
+
+struct DirHandle;
 
 class FuseServer::Impl {
  public:
@@ -397,6 +423,7 @@ class FuseServer::Impl {
   }
 
   static constexpr int kPoolThreads = 2;
+  static constexpr unsigned kReadaheadKib = 1024;  // = max_write, one request
 
   vfs::Backend& backend_;
   FuseOptions options_;
@@ -412,6 +439,45 @@ class FuseServer::Impl {
 
   std::atomic<uint64_t> next_request_{1};
 
+  // --- open files and directories --------------------------------------
+  // Every handle given to the kernel is registered, so that a setattr the
+  // kernel sends without a file handle (flushing the times of a file whose
+  // name is gone) can still reach the file, and so that whatever the kernel
+  // never released (requests still queued at unmount) is freed at teardown.
+  struct OpenFile {
+    std::shared_ptr<vfs::FileHandle> handle;
+    fuse_ino_t ino;
+  };
+  uint64_t AddFile(std::unique_ptr<vfs::FileHandle> h, fuse_ino_t ino) {
+    auto f = std::make_unique<OpenFile>(OpenFile{std::move(h), ino});
+    auto* raw = f.get();
+    std::lock_guard lock(handles_mu_);
+    files_.emplace(raw, std::move(f));
+    return reinterpret_cast<uint64_t>(raw);
+  }
+  void ReleaseFile(uint64_t fh) {
+    std::unique_ptr<OpenFile> gone;  // destroyed outside the lock
+    std::lock_guard lock(handles_mu_);
+    auto it = files_.find(reinterpret_cast<OpenFile*>(fh));
+    if (it == files_.end()) return;
+    gone = std::move(it->second);
+    files_.erase(it);
+  }
+  // Any open handle of node `ino`, or null.
+  std::shared_ptr<vfs::FileHandle> AnyFileOf(fuse_ino_t ino) {
+    std::lock_guard lock(handles_mu_);
+    for (const auto& [raw, f] : files_)
+      if (f->ino == ino) return f->handle;
+    return nullptr;
+  }
+  uint64_t AddDir(std::unique_ptr<DirHandle> d);
+  void ReleaseDir(uint64_t fh);
+  void FreeHandles();
+
+  std::mutex handles_mu_;  // guards files_, dirs_
+  std::unordered_map<OpenFile*, std::unique_ptr<OpenFile>> files_;
+  std::unordered_map<DirHandle*, std::unique_ptr<DirHandle>> dirs_;
+
   std::mutex pool_mu_;  // guards jobs_, workers_
   std::condition_variable_any pool_cv_;
   std::deque<std::function<void()>> jobs_;
@@ -423,6 +489,32 @@ struct DirHandle {
   std::vector<vfs::DirEntry> entries;
 };
 
+uint64_t FuseServer::Impl::AddDir(std::unique_ptr<DirHandle> d) {
+  auto* raw = d.get();
+  std::lock_guard lock(handles_mu_);
+  dirs_.emplace(raw, std::move(d));
+  return reinterpret_cast<uint64_t>(raw);
+}
+
+void FuseServer::Impl::ReleaseDir(uint64_t fh) {
+  std::unique_ptr<DirHandle> gone;
+  std::lock_guard lock(handles_mu_);
+  auto it = dirs_.find(reinterpret_cast<DirHandle*>(fh));
+  if (it == dirs_.end()) return;
+  gone = std::move(it->second);
+  dirs_.erase(it);
+}
+
+void FuseServer::Impl::FreeHandles() {
+  decltype(files_) files;
+  decltype(dirs_) dirs;
+  {
+    std::lock_guard lock(handles_mu_);
+    files.swap(files_);
+    dirs.swap(dirs_);
+  }
+}
+
 namespace {
 
 using Impl = FuseServer::Impl;
@@ -433,7 +525,7 @@ Impl* Self(fuse_req_t req) {
   return static_cast<Impl*>(fuse_req_userdata(req));
 }
 vfs::FileHandle* FileOf(fuse_file_info* fi) {
-  return reinterpret_cast<vfs::FileHandle*>(fi->fh);
+  return reinterpret_cast<Impl::OpenFile*>(fi->fh)->handle.get();
 }
 
 // Runs a callback body; converts escaping exceptions into error replies.
@@ -517,7 +609,14 @@ void OpSetattr(fuse_req_t req, fuse_ino_t ino, struct stat* attr, int to_set,
     // (unlinked, renamed over) while the kernel still flushes times or size.
     vfs::FileHandle* h = (fi != nullptr && fi->fh != 0) ? FileOf(fi) : nullptr;
     auto path = self->PathOf(ino);
-    if (!path && h == nullptr) return self->ReplyError(req, path.error());
+    std::shared_ptr<vfs::FileHandle> any;  // keeps a borrowed handle alive
+    if (!path && h == nullptr) {
+      // No name left (unlinked, replaced); the kernel may still flush the
+      // times of a file some process holds open.
+      any = self->AnyFileOf(ino);
+      if (any == nullptr) return self->ReplyError(req, path.error());
+      h = any.get();
+    }
     Caller c = self->CallerFor(req);
     auto& b = self->backend_;
     if (to_set & FUSE_SET_ATTR_MODE) {
@@ -698,10 +797,10 @@ void OpOpen(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
     int flags = BackendFlags(*self, fi->flags, fi) & ~(O_CREAT | O_EXCL);
     auto h = self->backend_.Open(self->CallerFor(req), *path, flags, 0);
     if (!h) return self->ReplyError(req, h.error());
-    fi->fh = reinterpret_cast<uint64_t>(h->release());
-    fi->keep_cache =
-        1;  // FUSE_CAP_AUTO_INVAL_DATA drops it when mtime/size change
-    if (fuse_reply_open(req, fi) != 0) delete FileOf(fi);
+    fi->fh = self->AddFile(std::move(*h), ino);
+    // FUSE_CAP_AUTO_INVAL_DATA drops the cache when mtime or size change.
+    fi->keep_cache = 1;
+    if (fuse_reply_open(req, fi) != 0) self->ReleaseFile(fi->fh);
   });
 }
 
@@ -722,10 +821,10 @@ void OpCreate(fuse_req_t req, fuse_ino_t parent, const char* name, mode_t mode,
     e.attr = *st;
     e.attr_timeout = self->options_.attr_timeout;
     e.entry_timeout = self->options_.entry_timeout;
-    fi->fh = reinterpret_cast<uint64_t>(h->release());
+    fi->fh = self->AddFile(std::move(*h), e.ino);
     fi->keep_cache = 1;
     if (fuse_reply_create(req, &e, fi) != 0) {
-      delete FileOf(fi);
+      self->ReleaseFile(fi->fh);
       self->Forget(e.ino, 1);
     }
   });
@@ -792,7 +891,7 @@ void OpFlush(fuse_req_t req, fuse_ino_t, fuse_file_info* fi) {
 
 void OpRelease(fuse_req_t req, fuse_ino_t, fuse_file_info* fi) {
   Guard(req, "release", [&] {
-    delete FileOf(fi);
+    Self(req)->ReleaseFile(fi->fh);
     fi->fh = 0;
     fuse_reply_err(req, 0);
   });
@@ -823,9 +922,8 @@ void OpOpendir(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
     dir->entries.push_back(vfs::DirEntry{".", 0, S_IFDIR});
     dir->entries.push_back(vfs::DirEntry{"..", 0, S_IFDIR});
     for (auto& e : *entries) dir->entries.push_back(std::move(e));
-    fi->fh = reinterpret_cast<uint64_t>(dir.release());
-    if (fuse_reply_open(req, fi) != 0)
-      delete reinterpret_cast<DirHandle*>(fi->fh);
+    fi->fh = self->AddDir(std::move(dir));
+    if (fuse_reply_open(req, fi) != 0) self->ReleaseDir(fi->fh);
   });
 }
 
@@ -852,7 +950,7 @@ void OpReaddir(fuse_req_t req, fuse_ino_t, size_t size, off_t off,
 }
 
 void OpReleasedir(fuse_req_t req, fuse_ino_t, fuse_file_info* fi) {
-  delete reinterpret_cast<DirHandle*>(fi->fh);
+  Self(req)->ReleaseDir(fi->fh);
   fuse_reply_err(req, 0);
 }
 
@@ -1015,6 +1113,7 @@ Status FuseServer::Impl::Start() {
   fuse_args args = FUSE_ARGS_INIT(static_cast<int>(argv.size()), argv.data());
   static const fuse_lowlevel_ops ops = MakeOps();
   session_ = fuse_session_new(&args, &ops, sizeof(ops), this);
+  fuse_opt_free_args(&args);  // libfuse may have copied them to the heap
   if (session_ == nullptr)
     return Fail(EINVAL, "libfuse refused the session options '" + opts + "'");
   if (fuse_session_mount(session_, options_.mountpoint.c_str()) != 0) {
@@ -1027,6 +1126,7 @@ Status FuseServer::Impl::Start() {
     return Fail(EIO, "cannot mount at '" + options_.mountpoint + "'" + hint);
   }
   mounted_ = true;
+  RaiseReadahead(options_.mountpoint, kReadaheadKib);
   return {};
 }
 
@@ -1062,6 +1162,7 @@ void FuseServer::Impl::Teardown() {
   }
   fuse_session_destroy(session_);
   session_ = nullptr;
+  FreeHandles();  // no callback can run any more
 }
 
 FuseServer::FuseServer(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
