@@ -3,7 +3,9 @@
 #define FUSE_USE_VERSION 314
 #include "vfs/fuse/fuse_frontend.h"
 
+#include <fcntl.h>
 #include <fuse3/fuse_lowlevel.h>
+#include <poll.h>
 #include <spdlog/sinks/stdout_sinks.h>
 #include <spdlog/spdlog.h>
 #include <sys/stat.h>
@@ -13,6 +15,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <climits>
 #include <condition_variable>
 #include <cstdlib>
@@ -179,6 +182,7 @@ class FuseServer::Impl {
 
   Status Start();
   Status Run();
+  int PollingLoop();
   void Teardown();
 
   // --- node table -------------------------------------------------------
@@ -423,6 +427,7 @@ class FuseServer::Impl {
   }
 
   static constexpr int kPoolThreads = 2;
+  static constexpr int kSpinMicros = 50;
   static constexpr unsigned kReadaheadKib = 1024;  // = max_write, one request
 
   vfs::Backend& backend_;
@@ -1130,11 +1135,54 @@ Status FuseServer::Impl::Start() {
   return {};
 }
 
+// The single-threaded loop. After each request it keeps asking the device
+// for the next one for a short while before sleeping in poll(): a process
+// that sends requests back to back (stat after stat) then finds the daemon
+// awake, which saves the cross-CPU wake-up that dominates a round trip on a
+// virtual machine. Idle, it costs nothing; busy, at most kSpinMicros of CPU
+// after each request.
+int FuseServer::Impl::PollingLoop() {
+  const int fd = fuse_session_fd(session_);
+  const int fl = fcntl(fd, F_GETFL);
+  if (fl < 0 || fcntl(fd, F_SETFL, fl | O_NONBLOCK) != 0)
+    return fuse_session_loop(session_);
+  fuse_buf buf{};
+  int rc = 0;
+  auto spin_until = std::chrono::steady_clock::now();
+  while (!fuse_session_exited(session_)) {
+    int res = fuse_session_receive_buf(session_, &buf);
+    if (res == -EAGAIN) {
+      if (std::chrono::steady_clock::now() < spin_until) continue;
+      pollfd p{fd, POLLIN, 0};
+      // The timeout bounds how long a signal that lands just before poll()
+      // goes unnoticed.
+      if (poll(&p, 1, 1000) < 0 && errno != EINTR) {
+        rc = -errno;
+        break;
+      }
+      continue;
+    }
+    if (res == -EINTR) continue;
+    if (res <= 0) {
+      if (res < 0) rc = res;
+      break;
+    }
+    fuse_session_process_buf(session_, &buf);
+    spin_until = std::chrono::steady_clock::now() +
+                 std::chrono::microseconds(kSpinMicros);
+  }
+  free(buf.mem);
+  fuse_session_reset(session_);
+  // As fuse_session_loop: a signal that ended the loop is reported as such.
+  if (rc == 0 && fuse_session_exited(session_)) return 0;
+  return rc;
+}
+
 Status FuseServer::Impl::Run() {
   if (session_ == nullptr) return {};
   int rc;
   if (options_.threads <= 1) {
-    rc = fuse_session_loop(session_);
+    rc = PollingLoop();
   } else {
     fuse_loop_config* cfg = fuse_loop_cfg_create();
     fuse_loop_cfg_set_clone_fd(cfg, 1);
