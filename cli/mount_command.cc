@@ -24,6 +24,7 @@ struct MountArgs {
   bool writeback = false;
   double timeout = 1.0;
   unsigned threads = 1;
+  unsigned poll_us = 50;
 };
 
 int RunMount(const MountArgs& a) {
@@ -47,6 +48,7 @@ int RunMount(const MountArgs& a) {
   options.entry_timeout = a.timeout;
   options.attr_timeout = a.timeout;
   options.threads = a.threads;
+  options.poll_micros = a.poll_us;
   // The kernel already applied the calling process's umask to every mode it
   // sends; the daemon must not apply its own on top.
   umask(0);
@@ -106,6 +108,11 @@ void AddMountCommand(CLI::App& app, int* exit_code) {
          "Threads reading FUSE requests (1: one thread plus a pool for fsync; "
          "more: libfuse's multi-threaded loop)")
       ->check(CLI::Range(1u, 256u));
+  cmd->add_option(
+         "--poll-us", args->poll_us,
+         "Microseconds to wait awake for the next request before sleeping "
+         "(one thread only; 0 sleeps at once)")
+      ->check(CLI::Range(0u, 100000u));
   cmd->callback([args, exit_code] { *exit_code = RunMount(*args); });
 }
 

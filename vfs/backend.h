@@ -91,6 +91,9 @@ class FileHandle {
   // Called at every close(2) of a descriptor for this handle; a backend that
   // commits on close commits here and reports a failed commit here.
   virtual Status Flush() { return {}; }
+  // False when Flush() does nothing, so frontends may skip calling it (the
+  // FUSE frontend then spares close(2) a round trip to the daemon).
+  virtual bool NeedsFlush() const { return true; }
   // fallocate(2); ENOTSUP when the backend cannot.
   virtual Status Allocate(int mode, off_t offset, off_t length) {
     (void)mode, (void)offset, (void)length;

@@ -285,6 +285,8 @@ class LocalFile final : public vfs::FileHandle {
   }
 
   int NativeFd() const override { return fd_.get(); }
+  // Data lives in the host file from the moment it is written.
+  bool NeedsFlush() const override { return false; }
 
  private:
   const UniqueFd fd_;

@@ -427,7 +427,6 @@ class FuseServer::Impl {
   }
 
   static constexpr int kPoolThreads = 2;
-  static constexpr int kSpinMicros = 50;
   static constexpr unsigned kReadaheadKib = 1024;  // = max_write, one request
 
   vfs::Backend& backend_;
@@ -802,6 +801,7 @@ void OpOpen(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
     int flags = BackendFlags(*self, fi->flags, fi) & ~(O_CREAT | O_EXCL);
     auto h = self->backend_.Open(self->CallerFor(req), *path, flags, 0);
     if (!h) return self->ReplyError(req, h.error());
+    fi->noflush = (*h)->NeedsFlush() ? 0 : 1;
     fi->fh = self->AddFile(std::move(*h), ino);
     // FUSE_CAP_AUTO_INVAL_DATA drops the cache when mtime or size change.
     fi->keep_cache = 1;
@@ -826,6 +826,7 @@ void OpCreate(fuse_req_t req, fuse_ino_t parent, const char* name, mode_t mode,
     e.attr = *st;
     e.attr_timeout = self->options_.attr_timeout;
     e.entry_timeout = self->options_.entry_timeout;
+    fi->noflush = (*h)->NeedsFlush() ? 0 : 1;
     fi->fh = self->AddFile(std::move(*h), e.ino);
     fi->keep_cache = 1;
     if (fuse_reply_create(req, &e, fi) != 0) {
@@ -1169,7 +1170,7 @@ int FuseServer::Impl::PollingLoop() {
     }
     fuse_session_process_buf(session_, &buf);
     spin_until = std::chrono::steady_clock::now() +
-                 std::chrono::microseconds(kSpinMicros);
+                 std::chrono::microseconds(options_.poll_micros);
   }
   free(buf.mem);
   fuse_session_reset(session_);
