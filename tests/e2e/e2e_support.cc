@@ -14,52 +14,6 @@
 
 namespace agentvfs::e2e {
 
-::testing::AssertionResult WriteFileAt(const std::string& path,
-                                       const std::string& data, mode_t mode) {
-  int fd = open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, mode);
-  if (fd < 0) {
-    return ::testing::AssertionFailure()
-           << "open " << path << ": " << std::strerror(errno);
-  }
-  size_t done = 0;
-  while (done < data.size()) {
-    ssize_t n = write(fd, data.data() + done, data.size() - done);
-    if (n <= 0) {
-      int err = errno;
-      close(fd);
-      return ::testing::AssertionFailure()
-             << "write " << path << ": " << std::strerror(err);
-    }
-    done += n;
-  }
-  if (fchmod(fd, mode) != 0 || close(fd) != 0) {
-    return ::testing::AssertionFailure()
-           << "chmod/close " << path << ": " << std::strerror(errno);
-  }
-  return ::testing::AssertionSuccess();
-}
-
-std::optional<std::string> ReadFileAt(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return std::nullopt;
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
-
-std::optional<std::vector<std::string>> ListDir(const std::string& path) {
-  DIR* dir = opendir(path.c_str());
-  if (dir == nullptr) return std::nullopt;
-  std::vector<std::string> names;
-  while (dirent* e = readdir(dir)) {
-    std::string name = e->d_name;
-    if (name != "." && name != "..") names.push_back(std::move(name));
-  }
-  closedir(dir);
-  std::sort(names.begin(), names.end());
-  return names;
-}
-
 namespace {
 
 const char* TypeName(mode_t mode) {
@@ -106,7 +60,7 @@ void CompareEntry(const std::string& expected, const std::string& actual,
     if (want.st_size != got.st_size) {
       diffs->push_back(where + ": size " + std::to_string(got.st_size) +
                        ", expected " + std::to_string(want.st_size));
-    } else if (ReadFileAt(expected) != ReadFileAt(actual)) {
+    } else if (ReadFile(expected) != ReadFile(actual)) {
       diffs->push_back(where + ": contents differ");
     }
     if (options.mtimes && want.st_mtim.tv_sec != got.st_mtim.tv_sec) {

@@ -12,17 +12,14 @@
 #include <string>
 #include <vector>
 
+#include "tests/support/files.h"
 #include "tests/support/mount_fixture.h"
 
 namespace agentvfs::e2e {
 
-// Writes `data` to a new (or truncated) file and sets its mode exactly.
-::testing::AssertionResult WriteFileAt(const std::string& path,
-                                       const std::string& data,
-                                       mode_t mode = 0644);
-std::optional<std::string> ReadFileAt(const std::string& path);
-// Names in a directory without "." and "..", sorted; nullopt on error.
-std::optional<std::vector<std::string>> ListDir(const std::string& path);
+using agentvfs::testing::ListDir;
+using agentvfs::testing::ReadFile;
+using agentvfs::testing::WriteFile;
 
 struct CompareOptions {
   bool mtimes = true;  // compare regular files' mtimes (whole seconds)

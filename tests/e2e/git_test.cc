@@ -63,24 +63,23 @@ TEST_F(GitTest, InitCommitBranchCheckoutAndFsck) {
   ASSERT_FALSE(HasFailure());
 
   // First commit: text, a binary blob, an executable, a nested directory.
-  ASSERT_TRUE(WriteFileAt(repo + "/README.md", "# v1\n"));
+  ASSERT_TRUE(WriteFile(repo + "/README.md", "# v1\n"));
   ASSERT_EQ(mkdir((repo + "/src").c_str(), 0755), 0);
-  ASSERT_TRUE(WriteFileAt(repo + "/src/main.c", "int main() { return 0; }\n"));
+  ASSERT_TRUE(WriteFile(repo + "/src/main.c", "int main() { return 0; }\n"));
   ASSERT_EQ(mkdir((repo + "/tools").c_str(), 0755), 0);
-  ASSERT_TRUE(
-      WriteFileAt(repo + "/tools/run.sh", "#!/bin/sh\necho ran\n", 0755));
+  ASSERT_TRUE(WriteFile(repo + "/tools/run.sh", "#!/bin/sh\necho ran\n", 0755));
   std::string blob;
   for (int i = 0; i < 200000; ++i) blob += static_cast<char>((i * 7919) >> 3);
-  ASSERT_TRUE(WriteFileAt(repo + "/data.bin", blob));
+  ASSERT_TRUE(WriteFile(repo + "/data.bin", blob));
   Git(repo, {"add", "-A"});
   Git(repo, {"commit", "-q", "-m", "first"});
   const std::string first = Trim(Git(repo, {"rev-parse", "HEAD"}));
   ASSERT_EQ(first.size(), 40u) << first;
 
   // Second commit: modify, delete, add.
-  ASSERT_TRUE(WriteFileAt(repo + "/README.md", "# v2\nmore\n"));
+  ASSERT_TRUE(WriteFile(repo + "/README.md", "# v2\nmore\n"));
   Git(repo, {"rm", "-q", "src/main.c"});
-  ASSERT_TRUE(WriteFileAt(repo + "/notes.txt", "notes\n"));
+  ASSERT_TRUE(WriteFile(repo + "/notes.txt", "notes\n"));
   Git(repo, {"add", "-A"});
   Git(repo, {"commit", "-q", "-m", "second"});
   EXPECT_EQ(Git(repo, {"status", "--porcelain"}), "")
@@ -92,10 +91,10 @@ TEST_F(GitTest, InitCommitBranchCheckoutAndFsck) {
 
   // Going back to the first commit restores its files exactly.
   Git(repo, {"checkout", "-q", first});
-  EXPECT_EQ(ReadFileAt(repo + "/README.md"), "# v1\n");
-  EXPECT_EQ(ReadFileAt(repo + "/src/main.c"), "int main() { return 0; }\n");
-  EXPECT_EQ(ReadFileAt(repo + "/data.bin"), blob);
-  EXPECT_EQ(ReadFileAt(repo + "/notes.txt"), std::nullopt);
+  EXPECT_EQ(ReadFile(repo + "/README.md"), "# v1\n");
+  EXPECT_EQ(ReadFile(repo + "/src/main.c"), "int main() { return 0; }\n");
+  EXPECT_EQ(ReadFile(repo + "/data.bin"), blob);
+  EXPECT_EQ(ReadFile(repo + "/notes.txt"), std::nullopt);
   struct stat st;
   ASSERT_EQ(stat((repo + "/tools/run.sh").c_str(), &st), 0);
   EXPECT_EQ(st.st_mode & 0777, 0755u) << "git keeps the executable bit";
@@ -103,15 +102,15 @@ TEST_F(GitTest, InitCommitBranchCheckoutAndFsck) {
 
   // Commit on the feature branch, then come back to main.
   Git(repo, {"checkout", "-q", "feature"});
-  EXPECT_EQ(ReadFileAt(repo + "/README.md"), "# v2\nmore\n");
-  EXPECT_EQ(ReadFileAt(repo + "/src/main.c"), std::nullopt);
-  ASSERT_TRUE(WriteFileAt(repo + "/feature.txt", "feature work\n"));
+  EXPECT_EQ(ReadFile(repo + "/README.md"), "# v2\nmore\n");
+  EXPECT_EQ(ReadFile(repo + "/src/main.c"), std::nullopt);
+  ASSERT_TRUE(WriteFile(repo + "/feature.txt", "feature work\n"));
   Git(repo, {"add", "feature.txt"});
   Git(repo, {"commit", "-q", "-m", "third"});
   Git(repo, {"checkout", "-q", "main"});
-  EXPECT_EQ(ReadFileAt(repo + "/feature.txt"), std::nullopt);
+  EXPECT_EQ(ReadFile(repo + "/feature.txt"), std::nullopt);
   Git(repo, {"merge", "-q", "--ff-only", "feature"});
-  EXPECT_EQ(ReadFileAt(repo + "/feature.txt"), "feature work\n");
+  EXPECT_EQ(ReadFile(repo + "/feature.txt"), "feature work\n");
   EXPECT_EQ(Trim(Git(repo, {"rev-list", "--count", "HEAD"})), "3");
 
   // Repacking rewrites the object store with renames and fsyncs; the
@@ -134,8 +133,8 @@ TEST_F(GitTest, CloneIntoTheViewMatchesTheSource) {
   for (int i = 0; i < 50; ++i) {
     std::string dir = source.Sub("d" + std::to_string(i % 5));
     mkdir(dir.c_str(), 0755);
-    ASSERT_TRUE(WriteFileAt(dir + "/f" + std::to_string(i) + ".txt",
-                            std::string(i * 97, 'a' + i % 26)));
+    ASSERT_TRUE(WriteFile(dir + "/f" + std::to_string(i) + ".txt",
+                          std::string(i * 97, 'a' + i % 26)));
   }
   Git(source.path(), {"add", "-A"});
   Git(source.path(), {"commit", "-q", "-m", "many files"});

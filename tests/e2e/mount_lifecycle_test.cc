@@ -23,7 +23,7 @@ using testing::TempDir;
 
 TEST(MountLifecycleTest, MountAppearsAndDisappearsCleanly) {
   TempDir workspace("agentvfs-e2e-ws"), mountpoint("agentvfs-e2e-mnt");
-  ASSERT_TRUE(WriteFileAt(workspace.Sub("from-host"), "written on the host"));
+  ASSERT_TRUE(WriteFile(workspace.Sub("from-host"), "written on the host"));
   ASSERT_FALSE(MountedView::IsMounted(mountpoint.path()));
 
   std::string error;
@@ -40,15 +40,15 @@ TEST(MountLifecycleTest, MountAppearsAndDisappearsCleanly) {
       << std::strerror(errno);
   EXPECT_TRUE(S_ISDIR(st.st_mode));
   const std::string view_ws = view->mountpoint() + "/workspace";
-  EXPECT_EQ(ReadFileAt(view_ws + "/from-host"), "written on the host");
-  ASSERT_TRUE(WriteFileAt(view_ws + "/from-view", "written through the view"));
-  EXPECT_EQ(ReadFileAt(workspace.Sub("from-view")), "written through the view");
+  EXPECT_EQ(ReadFile(view_ws + "/from-host"), "written on the host");
+  ASSERT_TRUE(WriteFile(view_ws + "/from-view", "written through the view"));
+  EXPECT_EQ(ReadFile(workspace.Sub("from-view")), "written through the view");
 
   EXPECT_EQ(view->Stop(), 0) << view->Log();
   EXPECT_FALSE(MountedView::IsMounted(mountpoint.path()));
   EXPECT_EQ(ListDir(mountpoint.path()), std::vector<std::string>{})
       << "the mount point is an empty directory again";
-  EXPECT_EQ(ReadFileAt(workspace.Sub("from-view")), "written through the view");
+  EXPECT_EQ(ReadFile(workspace.Sub("from-view")), "written through the view");
 }
 
 TEST(MountLifecycleTest, SigintUnmountsCleanly) {
@@ -57,7 +57,7 @@ TEST(MountLifecycleTest, SigintUnmountsCleanly) {
   auto view =
       MountedView::Start(workspace.path(), mountpoint.path(), {}, &error);
   ASSERT_NE(view, nullptr) << error;
-  ASSERT_TRUE(WriteFileAt(view->mountpoint() + "/workspace/f", "x"));
+  ASSERT_TRUE(WriteFile(view->mountpoint() + "/workspace/f", "x"));
   EXPECT_EQ(view->Stop(SIGINT), 0) << view->Log();
   EXPECT_FALSE(MountedView::IsMounted(mountpoint.path()));
 }
@@ -82,7 +82,7 @@ TEST(MountLifecycleTest, StopsCleanlyWhileAFileIsOpen) {
 TEST(MountLifecycleTest, RefusesAnAlreadyMountedMountPoint) {
   TempDir workspace("agentvfs-e2e-ws"), other("agentvfs-e2e-ws2"),
       mountpoint("agentvfs-e2e-mnt");
-  ASSERT_TRUE(WriteFileAt(workspace.Sub("mine"), "first mount"));
+  ASSERT_TRUE(WriteFile(workspace.Sub("mine"), "first mount"));
   std::string error;
   auto view =
       MountedView::Start(workspace.path(), mountpoint.path(), {}, &error);
@@ -98,14 +98,14 @@ TEST(MountLifecycleTest, RefusesAnAlreadyMountedMountPoint) {
   EXPECT_FALSE(second.timed_out) << "the second mount did not give up";
   EXPECT_NE(second.exit_status, 0) << second.output;
   EXPECT_FALSE(second.output.empty()) << "the refusal should say why";
-  EXPECT_EQ(ReadFileAt(view->mountpoint() + "/workspace/mine"), "first mount")
+  EXPECT_EQ(ReadFile(view->mountpoint() + "/workspace/mine"), "first mount")
       << "the first mount must keep working";
   EXPECT_EQ(view->Stop(), 0) << view->Log();
 }
 
 TEST(MountLifecycleTest, BackgroundReturnsOnceMounted) {
   TempDir workspace("agentvfs-e2e-ws"), mountpoint("agentvfs-e2e-mnt");
-  ASSERT_TRUE(WriteFileAt(workspace.Sub("f"), "background"));
+  ASSERT_TRUE(WriteFile(workspace.Sub("f"), "background"));
   testing::UnmountAtExit(mountpoint.path());
   auto r = RunCommand({AGENTVFS_BINARY, "mount", "--workspace",
                        workspace.path(), mountpoint.path(), "--background"},
@@ -114,7 +114,7 @@ TEST(MountLifecycleTest, BackgroundReturnsOnceMounted) {
   ASSERT_EQ(r.exit_status, 0) << r.output;
   EXPECT_TRUE(MountedView::IsMounted(mountpoint.path()))
       << "--background returned before the view was mounted";
-  EXPECT_EQ(ReadFileAt(mountpoint.Sub("workspace/f")), "background");
+  EXPECT_EQ(ReadFile(mountpoint.Sub("workspace/f")), "background");
   // A background mount is stopped by unmounting it.
   EXPECT_TRUE(testing::LazyUnmount(mountpoint.path()));
 }
@@ -125,21 +125,21 @@ class ViewFreshnessTest : public MountedWorkspaceTest {};
 // there now: a change made beside the mount (the agent writing its files
 // directly) shows in the view within a few seconds, not never.
 TEST_F(ViewFreshnessTest, HostChangesAppearInTheView) {
-  ASSERT_TRUE(WriteFileAt(Host("f"), "old contents"));
-  ASSERT_EQ(ReadFileAt(View("f")), "old contents");  // now cached, if at all
+  ASSERT_TRUE(WriteFile(Host("f"), "old contents"));
+  ASSERT_EQ(ReadFile(View("f")), "old contents");  // now cached, if at all
   ASSERT_EQ(ListDir(View()), std::vector<std::string>{"f"});
 
-  ASSERT_TRUE(WriteFileAt(Host("f"), "new, longer contents"));
-  ASSERT_TRUE(WriteFileAt(Host("g"), "added"));
+  ASSERT_TRUE(WriteFile(Host("f"), "new, longer contents"));
+  ASSERT_TRUE(WriteFile(Host("g"), "added"));
   auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
   while (std::chrono::steady_clock::now() < deadline &&
-         (ReadFileAt(View("f")) != "new, longer contents" ||
+         (ReadFile(View("f")) != "new, longer contents" ||
           ListDir(View()) != std::vector<std::string>{"f", "g"})) {
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }
-  EXPECT_EQ(ReadFileAt(View("f")), "new, longer contents");
+  EXPECT_EQ(ReadFile(View("f")), "new, longer contents");
   EXPECT_EQ(ListDir(View()), (std::vector<std::string>{"f", "g"}));
-  EXPECT_EQ(ReadFileAt(View("g")), "added");
+  EXPECT_EQ(ReadFile(View("g")), "added");
 
   ASSERT_EQ(unlink(Host("g").c_str()), 0);
   deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);

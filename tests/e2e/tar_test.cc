@@ -45,13 +45,13 @@ class TarTest : public MountedWorkspaceTest {
     }
     uint32_t seed = 1;
     for (const auto& [name, size] : sizes) {
-      ASSERT_TRUE(WriteFileAt(root + "/" + name, RandomBytes(size, seed++)));
+      ASSERT_TRUE(WriteFile(root + "/" + name, RandomBytes(size, seed++)));
     }
-    ASSERT_TRUE(WriteFileAt(root + "/bin/tool.sh",
-                            "#!/bin/sh\necho tool-ran \"$@\"\n", 0755));
-    ASSERT_TRUE(WriteFileAt(root + "/secret", "private\n", 0600));
+    ASSERT_TRUE(WriteFile(root + "/bin/tool.sh",
+                          "#!/bin/sh\necho tool-ran \"$@\"\n", 0755));
+    ASSERT_TRUE(WriteFile(root + "/secret", "private\n", 0600));
     ASSERT_EQ(mkdir((root + "/a/private-dir").c_str(), 0700), 0);
-    ASSERT_TRUE(WriteFileAt(root + "/a/private-dir/inner", "inner\n", 0640));
+    ASSERT_TRUE(WriteFile(root + "/a/private-dir/inner", "inner\n", 0640));
     ASSERT_EQ(symlink("one", (root + "/link-to-one").c_str()), 0);
     ASSERT_EQ(symlink("../../one", (root + "/a/b/up").c_str()), 0);
     ASSERT_EQ(symlink("does-not-exist", (root + "/dangling").c_str()), 0);

@@ -16,6 +16,7 @@
 #include <string_view>
 #include <vector>
 
+#include "tests/support/files.h"
 #include "tests/support/mount_fixture.h"
 
 namespace agentvfs::fuse_test {
@@ -26,11 +27,9 @@ inline constexpr gid_t kUserGroup = 4242;
 inline constexpr uid_t kOtherUser = 4243;
 inline constexpr gid_t kOtherGroup = 4243;
 
-std::optional<std::string> ReadFile(const std::string& path);
-::testing::AssertionResult WriteFile(const std::string& path,
-                                     std::string_view data, mode_t mode = 0644);
-// Names in a directory without "." and "..", sorted; nullopt on error.
-std::optional<std::vector<std::string>> ListDir(const std::string& path);
+using agentvfs::testing::ListDir;
+using agentvfs::testing::ReadFile;
+using agentvfs::testing::WriteFile;
 // Succeeds when `text` contains `part`; on failure prints both.
 ::testing::AssertionResult Contains(const std::string& text,
                                     const std::string& part);
