@@ -290,6 +290,42 @@ TEST_F(MiscTest, ReaddirOfTenThousandEntries) {
   EXPECT_EQ(got, want);
 }
 
+// A listing hands the kernel every entry's attributes (readdirplus); what the
+// view then reports for each entry must be the host's, for files, dirs and
+// symlinks alike, and the entries must stay usable (open, unlink).
+TEST_F(MiscTest, AttributesFromAListingMatchTheHost) {
+  ASSERT_EQ(mkdir(Host("l").c_str(), 0755), 0);
+  const int kCount = 300;
+  for (int i = 0; i < kCount; ++i) {
+    std::string name = "l/f" + std::to_string(i);
+    ASSERT_TRUE(WriteFile(Host(name), std::string(i, 'x'), 0600 | (i % 8)));
+  }
+  ASSERT_EQ(mkdir(Host("l/sub").c_str(), 0710), 0);
+  ASSERT_EQ(symlink("f7", Host("l/link").c_str()), 0);
+  ASSERT_TRUE(Mount());
+  auto names = ListDir(View("l"));
+  ASSERT_TRUE(names.has_value());
+  ASSERT_EQ(names->size(), static_cast<size_t>(kCount + 2));
+  for (const auto& name : *names) {
+    struct stat host, view;
+    ASSERT_EQ(lstat(Host("l/" + name).c_str(), &host), 0) << name;
+    ASSERT_EQ(lstat(View("l/" + name).c_str(), &view), 0) << name;
+    EXPECT_EQ(view.st_ino, host.st_ino) << name;
+    EXPECT_EQ(view.st_mode, host.st_mode) << name;
+    EXPECT_EQ(view.st_size, host.st_size) << name;
+    EXPECT_EQ(view.st_nlink, host.st_nlink) << name;
+    EXPECT_EQ(view.st_mtim.tv_sec, host.st_mtim.tv_sec) << name;
+  }
+  auto content = ReadFile(View("l/f42"));
+  ASSERT_TRUE(content.has_value());
+  EXPECT_EQ(*content, std::string(42, 'x'));
+  for (int i = 0; i < kCount; ++i)
+    ASSERT_EQ(unlink(View("l/f" + std::to_string(i)).c_str()), 0) << i;
+  auto left = ListDir(Host("l"));
+  ASSERT_TRUE(left.has_value());
+  EXPECT_EQ(*left, (std::vector<std::string>{"link", "sub"}));
+}
+
 TEST_F(MiscTest, WritebackCacheKeepsSequentialWritesIntact) {
   ASSERT_TRUE(Mount({"--writeback-cache"}));
   // Odd-sized sequential writes that straddle pages.

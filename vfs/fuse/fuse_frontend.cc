@@ -557,6 +557,8 @@ void OpInit(void* userdata, fuse_conn_info* conn) {
   want(FUSE_CAP_SPLICE_MOVE);
   want(FUSE_CAP_SPLICE_READ);
   want(FUSE_CAP_PARALLEL_DIROPS);
+  want(FUSE_CAP_READDIRPLUS);
+  want(FUSE_CAP_READDIRPLUS_AUTO);  // the kernel asks for it when it pays
   want(FUSE_CAP_ASYNC_DIO);
   want(FUSE_CAP_ATOMIC_O_TRUNC);
   if (self->options_.writeback_cache) want(FUSE_CAP_WRITEBACK_CACHE);
@@ -955,6 +957,51 @@ void OpReaddir(fuse_req_t req, fuse_ino_t, size_t size, off_t off,
   });
 }
 
+// readdir with attributes: the kernel fills its dentry and attribute caches
+// from the listing, so `rm -rf`, `ls -l`, `find` or `git status` need no
+// LOOKUP per entry afterwards. Every entry returned with attributes counts as
+// one lookup, as for a LOOKUP reply; "." and ".." (and entries that vanished
+// since opendir) go without attributes (node id 0), which counts nothing.
+void OpReaddirplus(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off,
+                   fuse_file_info* fi) {
+  Guard(req, "readdirplus", [&] {
+    auto* self = Self(req);
+    auto* dir = reinterpret_cast<DirHandle*>(fi->fh);
+    auto dir_path = self->PathOf(ino);
+    if (!dir_path) return self->ReplyError(req, dir_path.error());
+    Caller c = self->CallerFor(req);
+    std::unique_ptr<char[]> buf(new char[size]);
+    size_t used = 0;
+    for (size_t i = static_cast<size_t>(off); i < dir->entries.size(); ++i) {
+      const auto& d = dir->entries[i];
+      fuse_entry_param e{};
+      e.attr.st_ino = d.ino != 0 ? d.ino : 0xffffffffu;
+      e.attr.st_mode = d.type;
+      const bool dots = d.name == "." || d.name == "..";
+      if (!dots) {
+        auto path = dir_path->Child(d.name);
+        auto st = path ? self->backend_.Stat(c, *path)
+                       : Result<Attr>(std::unexpected(path.error()));
+        if (st) {
+          e.ino = self->Remember(ino, d.name, *st);
+          e.attr = *st;
+          e.attr_timeout = self->options_.attr_timeout;
+          e.entry_timeout = self->options_.entry_timeout;
+        }
+      }
+      size_t need =
+          fuse_add_direntry_plus(req, buf.get() + used, size - used,
+                                 d.name.c_str(), &e, static_cast<off_t>(i + 1));
+      if (need > size - used) {
+        if (e.ino != 0) self->Forget(e.ino, 1);  // not sent after all
+        break;
+      }
+      used += need;
+    }
+    fuse_reply_buf(req, buf.get(), used);
+  });
+}
+
 void OpReleasedir(fuse_req_t req, fuse_ino_t, fuse_file_info* fi) {
   Self(req)->ReleaseDir(fi->fh);
   fuse_reply_err(req, 0);
@@ -1093,6 +1140,7 @@ fuse_lowlevel_ops MakeOps() {
   ops.fsync = OpFsync;
   ops.opendir = OpOpendir;
   ops.readdir = OpReaddir;
+  ops.readdirplus = OpReaddirplus;
   ops.releasedir = OpReleasedir;
   ops.fsyncdir = OpFsyncdir;
   ops.statfs = OpStatfs;
