@@ -25,6 +25,7 @@ struct MountArgs {
   double timeout = 1.0;
   unsigned threads = 1;
   unsigned poll_us = 50;
+  bool xattrs = false;
 };
 
 int RunMount(const MountArgs& a) {
@@ -49,6 +50,7 @@ int RunMount(const MountArgs& a) {
   options.attr_timeout = a.timeout;
   options.threads = a.threads;
   options.poll_micros = a.poll_us;
+  options.xattrs = a.xattrs;
   // The kernel already applied the calling process's umask to every mode it
   // sends; the daemon must not apply its own on top.
   umask(0);
@@ -113,6 +115,10 @@ void AddMountCommand(CLI::App& app, int* exit_code) {
          "Microseconds to wait awake for the next request before sleeping "
          "(one thread only; 0 sleeps at once)")
       ->check(CLI::Range(0u, 100000u));
+  cmd->add_flag(
+      "--xattr", args->xattrs,
+      "Serve extended attributes (user.*); without it they are not "
+      "supported (EOPNOTSUPP), which spares every write a round trip");
   cmd->callback([args, exit_code] { *exit_code = RunMount(*args); });
 }
 

@@ -182,7 +182,7 @@ class EscapeRaceTest : public EscapeTest,
 
 TEST_P(EscapeRaceTest, SwappingADirectoryForASymlinkNeverReachesOutside) {
   ASSERT_EQ(symlink("../outside", Host("dlink").c_str()), 0);
-  ASSERT_TRUE(Mount({"--cache-timeout", GetParam()}));
+  ASSERT_TRUE(Mount({"--cache-timeout", GetParam(), "--xattr"}));
   // Let the kernel cache the node of `d` as a directory.
   struct stat st;
   ASSERT_EQ(stat(View("d/f").c_str(), &st), 0) << std::strerror(errno);

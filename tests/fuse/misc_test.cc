@@ -140,9 +140,34 @@ TEST_F(MiscTest, FallocateAllocatesAndPunchesHolesLikeTheHost) {
   EXPECT_LT(st.st_blocks, blocks_before) << "the hole freed no space";
 }
 
+TEST_F(MiscTest, WithoutXattrOptionXattrsAreClearlyUnsupported) {
+  ASSERT_TRUE(WriteFile(Host("f"), "x"));
+  ASSERT_EQ(setxattr(Host("f").c_str(), "user.agentvfs.a", "1", 1, 0), 0);
+  ASSERT_TRUE(Mount());
+  const std::string f = View("f");
+  char buf[64];
+  // Twice each: the first answer is the daemon's, later ones the kernel's.
+  for (int i = 0; i < 2; ++i) {
+    EXPECT_ERRNO_EQ(
+        ErrnoOf(getxattr(f.c_str(), "user.agentvfs.a", buf, sizeof buf)),
+        EOPNOTSUPP);
+    EXPECT_ERRNO_EQ(ErrnoOf(setxattr(f.c_str(), "user.agentvfs.b", "2", 1, 0)),
+                    EOPNOTSUPP);
+    EXPECT_ERRNO_EQ(ErrnoOf(listxattr(f.c_str(), buf, sizeof buf)), EOPNOTSUPP);
+    EXPECT_ERRNO_EQ(ErrnoOf(removexattr(f.c_str(), "user.agentvfs.a")),
+                    EOPNOTSUPP);
+  }
+  // Nothing reached the host file, and writes still work.
+  EXPECT_EQ(getxattr(Host("f").c_str(), "user.agentvfs.b", buf, sizeof buf),
+            -1);
+  EXPECT_EQ(getxattr(Host("f").c_str(), "user.agentvfs.a", buf, sizeof buf), 1);
+  ASSERT_TRUE(WriteFile(f, "written through the view"));
+  EXPECT_EQ(ReadFile(Host("f")), "written through the view");
+}
+
 TEST_F(MiscTest, UserXattrsRoundTripAndSystemOnesAreRefused) {
   ASSERT_TRUE(WriteFile(Host("f"), "x"));
-  ASSERT_TRUE(Mount());
+  ASSERT_TRUE(Mount({"--xattr"}));
   const std::string f = View("f");
   const std::string value = "some value\0with a NUL";
   ASSERT_EQ(setxattr(f.c_str(), "user.agentvfs.a", value.data(), value.size(),

@@ -1032,6 +1032,7 @@ void OpSetxattr(fuse_req_t req, fuse_ino_t ino, const char* name,
                 const char* value, size_t size, int flags) {
   Guard(req, "setxattr", [&] {
     auto* self = Self(req);
+    if (!self->options_.xattrs) return ReplyErr(req, ENOSYS);
     if (RefusedXattr(name)) return ReplyErr(req, EOPNOTSUPP);
     auto path = self->PathOf(ino);
     if (!path) return self->ReplyError(req, path.error());
@@ -1055,6 +1056,7 @@ void ReplySized(fuse_req_t req, const std::string& data, size_t size) {
 void OpGetxattr(fuse_req_t req, fuse_ino_t ino, const char* name, size_t size) {
   Guard(req, "getxattr", [&] {
     auto* self = Self(req);
+    if (!self->options_.xattrs) return ReplyErr(req, ENOSYS);
     if (RefusedXattr(name)) return ReplyErr(req, EOPNOTSUPP);
     auto path = self->PathOf(ino);
     if (!path) return self->ReplyError(req, path.error());
@@ -1067,6 +1069,7 @@ void OpGetxattr(fuse_req_t req, fuse_ino_t ino, const char* name, size_t size) {
 void OpListxattr(fuse_req_t req, fuse_ino_t ino, size_t size) {
   Guard(req, "listxattr", [&] {
     auto* self = Self(req);
+    if (!self->options_.xattrs) return ReplyErr(req, ENOSYS);
     auto path = self->PathOf(ino);
     if (!path) return self->ReplyError(req, path.error());
     auto names = self->backend_.ListXattr(self->CallerFor(req), *path);
@@ -1083,6 +1086,7 @@ void OpListxattr(fuse_req_t req, fuse_ino_t ino, size_t size) {
 void OpRemovexattr(fuse_req_t req, fuse_ino_t ino, const char* name) {
   Guard(req, "removexattr", [&] {
     auto* self = Self(req);
+    if (!self->options_.xattrs) return ReplyErr(req, ENOSYS);
     if (RefusedXattr(name)) return ReplyErr(req, EOPNOTSUPP);
     auto path = self->PathOf(ino);
     if (!path) return self->ReplyError(req, path.error());

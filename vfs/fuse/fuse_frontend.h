@@ -43,6 +43,11 @@ struct FuseOptions {
   // answering one before sleeping (saves a cross-CPU wake-up per request in
   // back-to-back sequences; 0 = sleep at once).
   unsigned poll_micros = 50;
+  // Serve extended attributes. Off, the first xattr request of each kind is
+  // answered ENOSYS, after which the kernel reports EOPNOTSUPP itself and
+  // stops asking, also for the security.capability check it otherwise makes
+  // before every write (one round trip per write(2) saved).
+  bool xattrs = false;
   // Kernel batches small writes; but then it trusts its own file sizes, so
   // changes made beside the mount (the sandbox writing the workspace
   // directory directly) stay invisible while the inode is cached. Opt-in.
