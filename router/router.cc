@@ -102,6 +102,13 @@ Result<Router::Target> Router::ResolveForCreate(const Path& path) const {
   return t;
 }
 
+Result<Router::Target> Router::ResolveForChange(const Path& path) const {
+  auto t = Resolve(path, Access::kWrite);
+  if (t && t->mount == nullptr)
+    return Fail(EACCES, "the top level is read-only");
+  return t;
+}
+
 Result<Router::Target> Router::ResolveForRemove(const Path& path) const {
   auto t = Resolve(path, Access::kWrite);
   if (!t) return t;
@@ -284,24 +291,21 @@ Status Router::Rename(const Caller& c, const Path& from, const Path& to,
 }
 
 Status Router::Chmod(const Caller& c, const Path& path, mode_t mode) {
-  auto t = Resolve(path, Access::kWrite);
+  auto t = ResolveForChange(path);
   if (!t) return std::unexpected(t.error());
-  if (t->mount == nullptr) return Fail(EACCES, "the top level is read-only");
   return t->mount->backend->Chmod(c, t->inner, mode);
 }
 
 Status Router::Chown(const Caller& c, const Path& path, uid_t uid, gid_t gid) {
-  auto t = Resolve(path, Access::kWrite);
+  auto t = ResolveForChange(path);
   if (!t) return std::unexpected(t.error());
-  if (t->mount == nullptr) return Fail(EACCES, "the top level is read-only");
   return t->mount->backend->Chown(c, t->inner, uid, gid);
 }
 
 Status Router::Utimens(const Caller& c, const Path& path,
                        const struct timespec times[2]) {
-  auto t = Resolve(path, Access::kWrite);
+  auto t = ResolveForChange(path);
   if (!t) return std::unexpected(t.error());
-  if (t->mount == nullptr) return Fail(EACCES, "the top level is read-only");
   return t->mount->backend->Utimens(c, t->inner, times);
 }
 
@@ -335,9 +339,8 @@ Result<std::string> Router::GetXattr(const Caller& c, const Path& path,
 Status Router::SetXattr(const Caller& c, const Path& path,
                         const std::string& name, const std::string& value,
                         int flags) {
-  auto t = Resolve(path, Access::kWrite);
+  auto t = ResolveForChange(path);
   if (!t) return std::unexpected(t.error());
-  if (t->mount == nullptr) return Fail(EACCES, "the top level is read-only");
   return t->mount->backend->SetXattr(c, t->inner, name, value, flags);
 }
 
@@ -351,9 +354,8 @@ Result<std::vector<std::string>> Router::ListXattr(const Caller& c,
 
 Status Router::RemoveXattr(const Caller& c, const Path& path,
                            const std::string& name) {
-  auto t = Resolve(path, Access::kWrite);
+  auto t = ResolveForChange(path);
   if (!t) return std::unexpected(t.error());
-  if (t->mount == nullptr) return Fail(EACCES, "the top level is read-only");
   return t->mount->backend->RemoveXattr(c, t->inner, name);
 }
 

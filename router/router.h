@@ -110,6 +110,9 @@ class Router final : public vfs::Backend {
   std::vector<vfs::DirEntry> SyntheticList(const vfs::Path& path) const;
   vfs::Result<Target> ResolveForCreate(const vfs::Path& path) const;
   vfs::Result<Target> ResolveForRemove(const vfs::Path& path) const;
+  // For changing what exists (mode, owner, times, xattrs): the synthesised
+  // directories are read-only (EACCES).
+  vfs::Result<Target> ResolveForChange(const vfs::Path& path) const;
 
   std::vector<std::unique_ptr<vfs::Backend>> owned_;
   std::vector<MountEntry> mounts_;  // sorted by prefix length, longest first
