@@ -30,7 +30,11 @@
 //   EPERM         operation not permitted (chown by a non-owner, link to dir)
 //   EROFS         a read-only mount
 //   EXDEV         rename/link across backends or mounts
-//   EBUSY         the target is a mount point or is being written elsewhere
+//   EBUSY         the target is a mount point, or another session holds the
+//                 file open for writing (the store's lease)
+//   ESTALE        the store's stale-writer rule: this session read version N
+//                 of the file and another session has since committed a newer
+//                 one; re-read the file (open it for reading) and retry
 //   EINVAL        bad argument (rename a dir into itself, bad flags)
 //   ENAMETOOLONG  a name or path over NAME_MAX/PATH_MAX
 //   ELOOP         too many symlinks, or O_NOFOLLOW on a symlink
@@ -110,6 +114,20 @@ class FileHandle {
   virtual int NativeFd() const { return -1; }
 };
 
+// Change feed: a backend whose files can change behind a frontend's caches
+// (another process committing to a shared store) reports each changed path,
+// so that a FUSE view can drop what the kernel cached. Paths are in the
+// receiver's terms (the router translates a backend's paths to view paths).
+// Changed() may be called from any thread, never while the backend holds a
+// lock the receiver could need; it must return quickly.
+class ChangeListener {
+ public:
+  virtual ~ChangeListener() = default;
+  // `path` changed (content, attributes, or the entry was created, removed
+  // or renamed); its parent directory's listing may have changed too.
+  virtual void Changed(const Path& path) = 0;
+};
+
 class Backend {
  public:
   Backend() = default;
@@ -159,6 +177,11 @@ class Backend {
   // truncate(2) of a regular file (follows a final symlink like truncate(2)).
   virtual Status Truncate(const Caller& c, const Path& path, off_t size) = 0;
   virtual Result<struct statvfs> StatFs(const Caller& c, const Path& path) = 0;
+
+  // Registers the one receiver of this backend's change feed (nullptr to
+  // stop). Backends whose files only change through themselves ignore it.
+  // After SetChangeListener(nullptr) returns, Changed() is not called again.
+  virtual void SetChangeListener(ChangeListener* listener) { (void)listener; }
 
   // Extended attributes of the file itself (l*xattr semantics).
   virtual Result<std::string> GetXattr(const Caller& c, const Path& path,
