@@ -21,9 +21,10 @@ using vfs::Fail;
 class BackendOps final : public FsOps {
  public:
   BackendOps(vfs::Backend* backend, std::string prefix,
-             std::shared_ptr<void> keep_alive)
+             std::shared_ptr<void> keep_alive, vfs::Caller caller)
       : backend_(backend),
         prefix_(std::move(prefix)),
+        caller_(std::move(caller)),
         keep_alive_(std::move(keep_alive)) {}
 
   ~BackendOps() override {
@@ -275,7 +276,7 @@ class BackendOps final : public FsOps {
 
   vfs::Backend* const backend_;
   const std::string prefix_;
-  const vfs::Caller caller_ = vfs::Caller::Local();
+  const vfs::Caller caller_;
   std::shared_ptr<void> keep_alive_;
   std::mutex mu_;
   std::map<int, std::shared_ptr<OpenFile>> files_;  // guarded by mu_
@@ -285,9 +286,10 @@ class BackendOps final : public FsOps {
 }  // namespace
 
 std::unique_ptr<FsOps> MakeBackendOps(vfs::Backend* backend, std::string prefix,
-                                      std::shared_ptr<void> keep_alive) {
+                                      std::shared_ptr<void> keep_alive,
+                                      vfs::Caller caller) {
   return std::make_unique<BackendOps>(backend, std::move(prefix),
-                                      std::move(keep_alive));
+                                      std::move(keep_alive), std::move(caller));
 }
 
 }  // namespace agentvfs::conformance

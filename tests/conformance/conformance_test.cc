@@ -993,6 +993,10 @@ INSTANTIATE_TEST_SUITE_P(Native, ConformanceTest,
                          ::testing::Values(NativeFactory()), FactoryName);
 INSTANTIATE_TEST_SUITE_P(LocalDirApi, ConformanceTest,
                          ::testing::Values(LocalDirApiFactory()), FactoryName);
+INSTANTIATE_TEST_SUITE_P(StoreApi, ConformanceTest,
+                         ::testing::Values(StoreApiFactory()), FactoryName);
+INSTANTIATE_TEST_SUITE_P(StoreFuse, ConformanceTest,
+                         ::testing::Values(StoreFuseFactory()), FactoryName);
 INSTANTIATE_TEST_SUITE_P(Fuse, ConformanceTest,
                          ::testing::Values(FuseFactory()), FactoryName);
 // The same mount served by libfuse's multi-threaded loop, and with the

@@ -5,6 +5,9 @@
 #include "tests/conformance/factories.h"
 
 #include "backends/local_dir/local_dir.h"
+#include "backends/store/admin.h"
+#include "backends/store/store.h"
+#include "tests/support/store_fixture.h"
 #include "router/router.h"
 #include "tests/support/mount_fixture.h"
 
@@ -36,7 +39,54 @@ struct FuseMount {
   }
 };
 
+// Router -> StoreBackend; the router goes before the store, the store before
+// its directory.
+struct RouterOverStore {
+  std::unique_ptr<testing::StoreFixture> store;
+  std::unique_ptr<router::Router> router;
+};
+
 }  // namespace
+
+FsOpsFactory StoreApiFactory() {
+  return {"StoreApi", []() -> Result<std::unique_ptr<FsOps>> {
+            auto owned = std::make_shared<RouterOverStore>();
+            auto fixture = testing::StoreFixture::Create({"tester"});
+            if (!fixture) return std::unexpected(fixture.error());
+            owned->store = std::move(*fixture);
+            owned->router = owned->store->MakeRouter();
+            vfs::Caller caller = owned->store->CallerFor("tester");
+            vfs::Backend* r = owned->router.get();
+            return MakeBackendOps(r, "/memories/users/tester", std::move(owned),
+                                  caller);
+          }};
+}
+
+FsOpsFactory StoreFuseFactory(std::string name,
+                              std::vector<std::string> mount_args) {
+  return {std::move(name), [mount_args]() -> Result<std::unique_ptr<FsOps>> {
+            struct Owned {
+              std::unique_ptr<testing::StoreFixture> store;
+              FuseMount mount;
+            };
+            auto owned = std::make_shared<Owned>();
+            auto fixture = testing::StoreFixture::Create({"tester"});
+            if (!fixture) return std::unexpected(fixture.error());
+            owned->store = std::move(*fixture);
+            owned->mount.workspace = std::make_unique<TempDir>("agentvfs-ws");
+            owned->mount.mountpoint = std::make_unique<TempDir>("agentvfs-mnt");
+            std::vector<std::string> args = owned->store->MountArgs("tester");
+            args.insert(args.end(), mount_args.begin(), mount_args.end());
+            std::string error;
+            owned->mount.view = MountedView::Start(
+                owned->mount.workspace->path(), owned->mount.mountpoint->path(),
+                args, &error);
+            if (owned->mount.view == nullptr) return vfs::Fail(EIO, error);
+            std::string root =
+                owned->mount.view->mountpoint() + "/memories/users/tester";
+            return MakeSyscallOps(root, std::move(owned));
+          }};
+}
 
 FsOpsFactory NativeFactory() {
   return {"Native", []() -> Result<std::unique_ptr<FsOps>> {

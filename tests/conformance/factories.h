@@ -15,6 +15,13 @@ namespace agentvfs::conformance {
 FsOpsFactory NativeFactory();
 // The vfs API: Router{ /workspace -> LocalDirBackend(temporary directory) }.
 FsOpsFactory LocalDirApiFactory();
+// The vfs API: Router{ /memories, /skills -> StoreBackend(a fresh SQLite
+// store) }, as a user writing in /memories/users/<user>.
+FsOpsFactory StoreApiFactory();
+// Real syscalls on MOUNTPOINT/memories/users/<user> of `agentvfs mount
+// --store` with that user's token.
+FsOpsFactory StoreFuseFactory(std::string name = "StoreFuse",
+                              std::vector<std::string> mount_args = {});
 // Real syscalls on MOUNTPOINT/workspace of `agentvfs mount MOUNT_ARGS`.
 FsOpsFactory FuseFactory(std::string name = "Fuse",
                          std::vector<std::string> mount_args = {});

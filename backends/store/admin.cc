@@ -1,0 +1,322 @@
+// Store administration: the default layout, users, teams, grants (admin.h).
+#include "backends/store/admin.h"
+
+#include "backends/store/namespace.h"
+#include "vfs/path.h"
+
+namespace agentvfs::store {
+namespace {
+
+#define TRY(expr)                                     \
+  do {                                                \
+    if (auto _st = (expr); !_st) {                    \
+      return std::unexpected(std::move(_st).error()); \
+    }                                                 \
+  } while (0)
+
+// Needs `level` on `path` for `actor`, read inside `txn`.
+vfs::Status NeedLevel(Txn& txn, const std::string& actor,
+                      const std::string& path, Level level) {
+  auto policy = LoadPolicy(txn, actor);
+  if (!policy) return std::unexpected(policy.error());
+  if (!(*policy)->usable()) return vfs::Fail(EACCES, (*policy)->why_not());
+  if ((*policy)->LevelOf(path) < level) {
+    return vfs::Fail(EACCES, "user '" + actor + "' needs " +
+                                 std::string(LevelName(level)) + " on " + path +
+                                 " for this");
+  }
+  return {};
+}
+
+vfs::Status Exec(Txn& txn, std::string_view sql, const std::vector<Value>& p) {
+  auto r = txn.Exec(sql, p);
+  if (!r) return std::unexpected(r.error());
+  return {};
+}
+
+vfs::Status PutGrant(Txn& txn, const std::string& prefix, const Subject& s,
+                     Level level) {
+  return Exec(txn,
+              "INSERT INTO grants(prefix, subject_kind, subject, level) "
+              "VALUES(?, ?, ?, ?) ON CONFLICT(prefix, subject_kind, subject) "
+              "DO UPDATE SET level = excluded.level",
+              {prefix, s.kind, s.name, static_cast<int64_t>(level)});
+}
+
+vfs::Status EnsureTeam(Txn& txn, const std::string& team) {
+  TRY(ValidateName("team", team));
+  auto r = txn.Exec("INSERT INTO teams(name) VALUES(?) ON CONFLICT DO NOTHING",
+                    {team});
+  if (!r) return std::unexpected(r.error());
+  if (*r == 0) return {};
+  std::string dir = "/memories/teams/" + team;
+  TRY(MakeDirs(txn, dir, NowNs()));
+  return PutGrant(txn, dir, Subject{"team", team}, Level::kWrite);
+}
+
+vfs::Status UserExists(Txn& txn, const std::string& name) {
+  auto rows = txn.Query("SELECT 1 FROM users WHERE name = ?", {name});
+  if (!rows) return std::unexpected(rows.error());
+  if (rows->empty()) {
+    return vfs::Fail(ENOENT, "no user '" + name + "'; add it with "
+                             "`agentvfs user add " + name + "`");
+  }
+  return {};
+}
+
+vfs::Result<std::string> NormalisePrefix(const std::string& prefix) {
+  auto p = vfs::Path::Parse(prefix);
+  if (!p) {
+    return vfs::Fail(EINVAL, "grant prefix '" + prefix +
+                                 "' is not an absolute path: " +
+                                 p.error().message);
+  }
+  const std::string& s = p->str();
+  if (s != "/" && !PathHasPrefix(s, "/memories") &&
+      !PathHasPrefix(s, "/skills")) {
+    return vfs::Fail(EINVAL, "grant prefix '" + prefix +
+                                 "' is outside the store; grants apply to "
+                                 "/memories/... or /skills/...");
+  }
+  return s;
+}
+
+}  // namespace
+
+vfs::Status MakeDirs(Txn& txn, const std::string& path, int64_t now_ns) {
+  auto root = LoadInode(txn, kRootIno);
+  if (!root) return std::unexpected(root.error());
+  Inode dir = **root;
+  auto parsed = vfs::Path::Parse(path);
+  if (!parsed) return std::unexpected(parsed.error());
+  for (auto comp : parsed->Components()) {
+    auto child = LookupName(txn, dir.ino, comp);
+    if (!child) return std::unexpected(child.error());
+    if (*child) {
+      auto node = LoadInode(txn, **child);
+      if (!node) return std::unexpected(node.error());
+      if (!*node || !(*node)->IsDir()) {
+        return vfs::Fail(ENOTDIR, std::string(comp) + " in " + path +
+                                      " exists and is not a directory");
+      }
+      dir = **node;
+      continue;
+    }
+    auto made = CreateNode(txn, dir, comp, S_IFDIR, 0755, 0, 0, "", now_ns);
+    if (!made) return std::unexpected(made.error());
+    dir = *made;
+  }
+  return {};
+}
+
+vfs::Result<std::string> InitStore(const std::string& name,
+                                   const std::string& admin) {
+  TRY(ValidateName("user", admin));
+  auto engine = Engine::Open(name, true);
+  if (!engine) return std::unexpected(engine.error());
+  auto token = NewToken();
+  if (!token) return token;
+  TRY((*engine)->Write(Durability::kFull, [&](Txn& txn) -> vfs::Status {
+    auto users = txn.Query("SELECT COUNT(*) FROM users");
+    if (!users) return std::unexpected(users.error());
+    if (AsInt((*users)[0][0]) > 0) {
+      return vfs::Fail(EEXIST, name + " is already set up; add users with "
+                                      "`agentvfs user add`");
+    }
+    int64_t now = NowNs();
+    for (const char* dir : {"/memories/users", "/memories/teams",
+                            "/memories/org", "/skills"}) {
+      TRY(MakeDirs(txn, dir, now));
+    }
+    TRY(Exec(txn,
+             "INSERT INTO users(name, token_hash, created_ns) VALUES(?, ?, ?)",
+             {admin, HashToken(*token), now}));
+    TRY(MakeDirs(txn, "/memories/users/" + admin, now));
+    TRY(PutGrant(txn, "/", Subject{"user", admin}, Level::kAdmin));
+    TRY(PutGrant(txn, "/memories/org", Subject{"everyone", ""}, Level::kRead));
+    TRY(PutGrant(txn, "/skills", Subject{"everyone", ""}, Level::kRead));
+    TRY(PutGrant(txn, "/memories/users/" + admin, Subject{"user", admin},
+                 Level::kWrite));
+    return Exec(txn,
+                "INSERT INTO meta(key, value) VALUES('created_ns', ?) "
+                "ON CONFLICT(key) DO NOTHING",
+                {std::to_string(now)});
+  }));
+  return token;
+}
+
+vfs::Result<std::string> AddUser(Engine& e, const std::string& actor,
+                                 const std::string& name,
+                                 const std::vector<std::string>& teams) {
+  TRY(ValidateName("user", name));
+  auto token = NewToken();
+  if (!token) return token;
+  TRY(e.Write(Durability::kFull, [&](Txn& txn) -> vfs::Status {
+    TRY(NeedLevel(txn, actor, "/", Level::kAdmin));
+    auto exists = txn.Query("SELECT 1 FROM users WHERE name = ?", {name});
+    if (!exists) return std::unexpected(exists.error());
+    if (!exists->empty()) {
+      return vfs::Fail(EEXIST, "user '" + name + "' exists; for a new token "
+                               "use `agentvfs user token " + name + "`");
+    }
+    int64_t now = NowNs();
+    TRY(Exec(txn,
+             "INSERT INTO users(name, token_hash, created_ns) VALUES(?, ?, ?)",
+             {name, HashToken(*token), now}));
+    std::string home = "/memories/users/" + name;
+    TRY(MakeDirs(txn, home, now));
+    TRY(PutGrant(txn, home, Subject{"user", name}, Level::kWrite));
+    for (const auto& team : teams) {
+      TRY(EnsureTeam(txn, team));
+      TRY(Exec(txn,
+               "INSERT INTO members(team, user) VALUES(?, ?) "
+               "ON CONFLICT DO NOTHING",
+               {team, name}));
+    }
+    return {};
+  }));
+  return token;
+}
+
+vfs::Result<std::string> RotateToken(Engine& e, const std::string& actor,
+                                     const std::string& name) {
+  auto token = NewToken();
+  if (!token) return token;
+  TRY(e.Write(Durability::kFull, [&](Txn& txn) -> vfs::Status {
+    if (actor != name) TRY(NeedLevel(txn, actor, "/", Level::kAdmin));
+    TRY(UserExists(txn, name));
+    return Exec(txn, "UPDATE users SET token_hash = ? WHERE name = ?",
+                {HashToken(*token), name});
+  }));
+  return token;
+}
+
+vfs::Status SetUserDisabled(Engine& e, const std::string& actor,
+                            const std::string& name, bool disabled) {
+  return e.Write(Durability::kFull, [&](Txn& txn) -> vfs::Status {
+    TRY(NeedLevel(txn, actor, "/", Level::kAdmin));
+    TRY(UserExists(txn, name));
+    if (disabled && name == actor) {
+      return vfs::Fail(EINVAL, "an admin cannot disable itself");
+    }
+    return Exec(txn, "UPDATE users SET disabled = ? WHERE name = ?",
+                {int64_t{disabled ? 1 : 0}, name});
+  });
+}
+
+vfs::Status AddTeam(Engine& e, const std::string& actor,
+                    const std::string& team) {
+  return e.Write(Durability::kFull, [&](Txn& txn) -> vfs::Status {
+    TRY(NeedLevel(txn, actor, "/", Level::kAdmin));
+    return EnsureTeam(txn, team);
+  });
+}
+
+vfs::Status AddMember(Engine& e, const std::string& actor,
+                      const std::string& team, const std::string& user) {
+  return e.Write(Durability::kFull, [&](Txn& txn) -> vfs::Status {
+    TRY(NeedLevel(txn, actor, "/", Level::kAdmin));
+    TRY(UserExists(txn, user));
+    TRY(EnsureTeam(txn, team));
+    return Exec(txn,
+                "INSERT INTO members(team, user) VALUES(?, ?) "
+                "ON CONFLICT DO NOTHING",
+                {team, user});
+  });
+}
+
+vfs::Status RemoveMember(Engine& e, const std::string& actor,
+                         const std::string& team, const std::string& user) {
+  return e.Write(Durability::kFull, [&](Txn& txn) -> vfs::Status {
+    TRY(NeedLevel(txn, actor, "/", Level::kAdmin));
+    auto r = txn.Exec("DELETE FROM members WHERE team = ? AND user = ?",
+                      {team, user});
+    if (!r) return std::unexpected(r.error());
+    if (*r == 0) {
+      return vfs::Fail(ENOENT, "'" + user + "' is not in team '" + team + "'");
+    }
+    return {};
+  });
+}
+
+vfs::Result<std::vector<UserInfo>> ListUsers(Engine& e,
+                                             const std::string& actor) {
+  std::vector<UserInfo> out;
+  TRY(e.Read([&](Txn& txn) -> vfs::Status {
+    TRY(NeedLevel(txn, actor, "/", Level::kAdmin));
+    auto rows = txn.Query("SELECT name, disabled FROM users ORDER BY name");
+    if (!rows) return std::unexpected(rows.error());
+    for (const auto& r : *rows) {
+      UserInfo u{AsText(r[0]), AsInt(r[1]) != 0, {}};
+      auto teams = txn.Query(
+          "SELECT team FROM members WHERE user = ? ORDER BY team", {u.name});
+      if (!teams) return std::unexpected(teams.error());
+      for (const auto& t : *teams) u.teams.push_back(AsText(t[0]));
+      out.push_back(std::move(u));
+    }
+    return {};
+  }));
+  return out;
+}
+
+vfs::Status Grant(Engine& e, const std::string& actor,
+                  const std::string& prefix, const Subject& subject,
+                  Level level) {
+  auto norm = NormalisePrefix(prefix);
+  if (!norm) return std::unexpected(norm.error());
+  if (level == Level::kNone) return vfs::Fail(EINVAL, "nothing to grant");
+  return e.Write(Durability::kFull, [&](Txn& txn) -> vfs::Status {
+    TRY(NeedLevel(txn, actor, *norm, Level::kAdmin));
+    if (subject.kind == "user") TRY(UserExists(txn, subject.name));
+    if (subject.kind == "team") {
+      auto rows = txn.Query("SELECT 1 FROM teams WHERE name = ?", {subject.name});
+      if (!rows) return std::unexpected(rows.error());
+      if (rows->empty()) {
+        return vfs::Fail(ENOENT, "no team '" + subject.name +
+                                     "'; add it with `agentvfs team add " +
+                                     subject.name + "`");
+      }
+    }
+    return PutGrant(txn, *norm, subject, level);
+  });
+}
+
+vfs::Status Revoke(Engine& e, const std::string& actor,
+                   const std::string& prefix, const Subject& subject) {
+  auto norm = NormalisePrefix(prefix);
+  if (!norm) return std::unexpected(norm.error());
+  return e.Write(Durability::kFull, [&](Txn& txn) -> vfs::Status {
+    TRY(NeedLevel(txn, actor, *norm, Level::kAdmin));
+    auto r = txn.Exec(
+        "DELETE FROM grants WHERE prefix = ? AND subject_kind = ? AND "
+        "subject = ?",
+        {*norm, subject.kind, subject.name});
+    if (!r) return std::unexpected(r.error());
+    if (*r == 0) {
+      return vfs::Fail(ENOENT, "no grant on " + *norm + " to " +
+                                   subject.ToString() +
+                                   "; `agentvfs grants` lists them");
+    }
+    return {};
+  });
+}
+
+vfs::Result<std::vector<GrantInfo>> ListGrants(Engine& e,
+                                               const std::string& actor) {
+  std::vector<GrantInfo> out;
+  TRY(e.Read([&](Txn& txn) -> vfs::Status {
+    TRY(NeedLevel(txn, actor, "/", Level::kAdmin));
+    auto rows = txn.Query(
+        "SELECT prefix, subject_kind, subject, level FROM grants "
+        "ORDER BY prefix, subject_kind, subject");
+    if (!rows) return std::unexpected(rows.error());
+    for (const auto& r : *rows) {
+      out.push_back(GrantInfo{AsText(r[0]), Subject{AsText(r[1]), AsText(r[2])},
+                              static_cast<Level>(AsInt(r[3]))});
+    }
+    return {};
+  }));
+  return out;
+}
+
+}  // namespace agentvfs::store

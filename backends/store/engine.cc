@@ -1,0 +1,42 @@
+// Engine selection by the store's name, and the row value accessors.
+#include "backends/store/engine.h"
+
+#include "backends/store/sqlite_engine.h"
+
+namespace agentvfs::store {
+
+int64_t AsInt(const Value& v) {
+  if (const auto* i = std::get_if<int64_t>(&v)) return *i;
+  return 0;
+}
+
+const std::string& AsText(const Value& v) {
+  static const std::string kEmpty;
+  if (const auto* s = std::get_if<std::string>(&v)) return *s;
+  if (const auto* b = std::get_if<Bytes>(&v)) return b->data;
+  return kEmpty;
+}
+
+bool IsNull(const Value& v) { return std::holds_alternative<std::monostate>(v); }
+
+vfs::Result<std::unique_ptr<Engine>> Engine::Open(const std::string& name,
+                                                  bool create) {
+  if (name.empty()) {
+    return vfs::Fail(EINVAL,
+                     "no store named; pass --store PATH or set AGENTVFS_STORE");
+  }
+  if (name.starts_with("postgresql://") || name.starts_with("postgres://")) {
+    return vfs::Fail(ENOTSUP,
+                     "PostgreSQL stores are not available in this build yet; "
+                     "use a SQLite file path");
+  }
+  std::string path = name;
+  if (path.starts_with("sqlite:")) path = path.substr(7);
+  if (auto colon = path.find("://"); colon != std::string::npos) {
+    return vfs::Fail(EINVAL, "unknown store scheme in '" + name +
+                                 "'; use a file path (SQLite)");
+  }
+  return OpenSqliteEngine(path, create);
+}
+
+}  // namespace agentvfs::store

@@ -1,0 +1,298 @@
+// Inode rows, directory entries and path walks (see namespace.h).
+#include "backends/store/namespace.h"
+
+#include <time.h>
+
+#include "vfs/path.h"
+
+namespace agentvfs::store {
+
+int64_t NowNs() {
+  struct timespec ts;
+  clock_gettime(CLOCK_REALTIME, &ts);
+  return int64_t{ts.tv_sec} * 1'000'000'000 + ts.tv_nsec;
+}
+
+namespace {
+
+struct timespec ToTimespec(int64_t ns) {
+  struct timespec ts;
+  ts.tv_sec = ns / 1'000'000'000;
+  ts.tv_nsec = ns % 1'000'000'000;
+  if (ts.tv_nsec < 0) {
+    ts.tv_nsec += 1'000'000'000;
+    ts.tv_sec -= 1;
+  }
+  return ts;
+}
+
+}  // namespace
+
+vfs::Attr Inode::ToAttr() const {
+  vfs::Attr st{};
+  st.st_dev = kStoreDev;
+  st.st_ino = static_cast<ino_t>(ino);
+  st.st_mode = kind | (mode & 07777);
+  st.st_nlink = static_cast<nlink_t>(nlink);
+  st.st_uid = static_cast<uid_t>(uid);
+  st.st_gid = static_cast<gid_t>(gid);
+  st.st_size = size;
+  st.st_blksize = 4096;
+  st.st_blocks = (stored + 511) / 512;
+  st.st_atim = ToTimespec(atime_ns);
+  st.st_mtim = ToTimespec(mtime_ns);
+  st.st_ctim = ToTimespec(ctime_ns);
+  return st;
+}
+
+const char* const kInodeColumns =
+    "i.ino, i.kind, i.mode, i.uid, i.gid, i.nlink, i.size, i.atime_ns, "
+    "i.mtime_ns, i.ctime_ns, i.version, i.content, i.target, i.deleted_ns, "
+    "i.blocks";
+
+Inode InodeFromRow(const Row& r, size_t f) {
+  Inode n;
+  n.ino = AsInt(r[f + 0]);
+  n.kind = static_cast<mode_t>(AsInt(r[f + 1]));
+  n.mode = static_cast<mode_t>(AsInt(r[f + 2]));
+  n.uid = AsInt(r[f + 3]);
+  n.gid = AsInt(r[f + 4]);
+  n.nlink = AsInt(r[f + 5]);
+  n.size = AsInt(r[f + 6]);
+  n.atime_ns = AsInt(r[f + 7]);
+  n.mtime_ns = AsInt(r[f + 8]);
+  n.ctime_ns = AsInt(r[f + 9]);
+  n.version = AsInt(r[f + 10]);
+  n.content = AsText(r[f + 11]);
+  n.target = AsText(r[f + 12]);
+  n.deleted = !IsNull(r[f + 13]);
+  n.stored = AsInt(r[f + 14]);
+  return n;
+}
+
+vfs::Result<std::optional<Inode>> LoadInode(Txn& txn, int64_t ino) {
+  static const std::string sql =
+      std::string("SELECT ") + kInodeColumns + " FROM inodes i WHERE i.ino = ?";
+  auto rows = txn.Query(sql, {ino});
+  if (!rows) return std::unexpected(rows.error());
+  if (rows->empty()) return std::optional<Inode>{};
+  return std::optional<Inode>{InodeFromRow((*rows)[0])};
+}
+
+vfs::Result<std::optional<int64_t>> LookupName(Txn& txn, int64_t parent,
+                                               std::string_view name) {
+  auto rows = txn.Query("SELECT ino FROM dentries WHERE parent = ? AND name = ?",
+                        {parent, std::string(name)});
+  if (!rows) return std::unexpected(rows.error());
+  if (rows->empty()) return std::optional<int64_t>{};
+  return std::optional<int64_t>{AsInt((*rows)[0][0])};
+}
+
+namespace {
+
+// Lookup joined with the inode row, one statement per component.
+vfs::Result<std::optional<Inode>> LookupNode(Txn& txn, int64_t parent,
+                                             std::string_view name) {
+  static const std::string sql =
+      std::string("SELECT ") + kInodeColumns +
+      " FROM dentries d JOIN inodes i ON i.ino = d.ino"
+      " WHERE d.parent = ? AND d.name = ?";
+  auto rows = txn.Query(sql, {parent, std::string(name)});
+  if (!rows) return std::unexpected(rows.error());
+  if (rows->empty()) return std::optional<Inode>{};
+  return std::optional<Inode>{InodeFromRow((*rows)[0])};
+}
+
+}  // namespace
+
+vfs::Result<Walked> Walk(Txn& txn, const std::string& path, bool follow_last) {
+  auto root = LoadInode(txn, kRootIno);
+  if (!root) return std::unexpected(root.error());
+  if (!*root) return vfs::Fail(EIO, "the store has no root directory");
+
+  // Pending components, consumed from the front; symlink targets are
+  // spliced in place of the link.
+  std::vector<std::string> todo;
+  auto push_path = [&todo](std::string_view p, size_t at) {
+    std::vector<std::string> parts;
+    size_t i = 0;
+    while (i < p.size()) {
+      size_t j = p.find('/', i);
+      if (j == std::string_view::npos) j = p.size();
+      if (j > i) parts.emplace_back(p.substr(i, j - i));
+      i = j + 1;
+    }
+    todo.insert(todo.begin() + static_cast<long>(at), parts.begin(),
+                parts.end());
+  };
+  push_path(path, 0);
+
+  std::vector<Inode> stack{**root};  // directories from the root down
+  std::vector<std::string> names;    // names of stack[1..]
+  int links = 0;
+  Walked out;
+  out.node = **root;
+  size_t pos = 0;
+  while (pos < todo.size()) {
+    const std::string comp = todo[pos];
+    bool last = pos + 1 == todo.size();
+    Inode& dir = stack.back();
+    if (comp == ".") {
+      ++pos;
+      if (last) out.node = dir;
+      continue;
+    }
+    if (comp == "..") {
+      if (stack.size() > 1) {
+        stack.pop_back();
+        names.pop_back();
+      }
+      ++pos;
+      if (last) out.node = stack.back();
+      continue;
+    }
+    if (!dir.IsDir()) return vfs::Fail(ENOTDIR, "not a directory");
+    auto child = LookupNode(txn, dir.ino, comp);
+    if (!child) return std::unexpected(child.error());
+    if (!*child) {
+      if (!last) return vfs::Fail(ENOENT, "no such directory");
+      out.parent = dir;
+      out.name = comp;
+      out.node.reset();
+      std::string p;
+      for (const auto& n : names) p += "/" + n;
+      out.path = p + "/" + comp;
+      return out;
+    }
+    if ((*child)->IsLink() && (!last || follow_last)) {
+      if (++links > 40) return vfs::Fail(ELOOP, "too many symlinks");
+      const std::string& target = (*child)->target;
+      todo.erase(todo.begin() + static_cast<long>(pos));
+      if (!target.empty() && target[0] == '/') {
+        // Absolute targets name store paths (the view shows the store at
+        // the same paths); anything else leaves the store.
+        if (!target.starts_with("/memories") && !target.starts_with("/skills")) {
+          return vfs::Fail(EACCES, "symlink " + comp + " -> " + target +
+                                       " leads out of the store");
+        }
+        stack.resize(1);
+        names.clear();
+      }
+      push_path(target, pos);
+      if (pos >= todo.size()) {  // the link pointed at a directory on the stack
+        out.node = stack.back();
+        break;
+      }
+      continue;
+    }
+    if (last) {
+      out.parent = dir;
+      out.name = comp;
+      out.node = std::move(*child);
+      std::string p;
+      for (const auto& n : names) p += "/" + n;
+      out.path = p + "/" + comp;
+      return out;
+    }
+    stack.push_back(std::move(**child));
+    names.push_back(comp);
+    ++pos;
+  }
+  // The walk ended on a directory of the stack (root, "." or "..").
+  out.node = stack.back();
+  if (stack.size() > 1) {
+    out.parent = stack[stack.size() - 2];
+    out.name = names.back();
+  }
+  std::string p;
+  for (const auto& n : names) p += "/" + n;
+  out.path = p.empty() ? "/" : p;
+  return out;
+}
+
+vfs::Result<Inode> CreateNode(Txn& txn, const Inode& parent,
+                              std::string_view name, mode_t kind, mode_t mode,
+                              int64_t uid, int64_t gid,
+                              const std::string& target, int64_t now_ns) {
+  // setgid directories pass their group (and, to directories, the bit) on.
+  if (parent.mode & S_ISGID) {
+    gid = parent.gid;
+    if (kind == S_IFDIR) mode |= S_ISGID;
+  }
+  int64_t nlink = kind == S_IFDIR ? 2 : 1;
+  int64_t size = kind == S_IFLNK ? static_cast<int64_t>(target.size()) : 0;
+  auto rows = txn.Query(
+      "INSERT INTO inodes(kind, mode, uid, gid, nlink, size, atime_ns, "
+      "mtime_ns, ctime_ns, target) VALUES(?, ?, ?, ?, ?, ?, ?, ?, ?, ?) "
+      "RETURNING ino",
+      {int64_t{kind}, int64_t{mode & 07777}, uid, gid, nlink, size, now_ns,
+       now_ns, now_ns,
+       kind == S_IFLNK ? Value{target} : Value{std::monostate{}}});
+  if (!rows) return std::unexpected(rows.error());
+  int64_t ino = AsInt((*rows)[0][0]);
+  auto added = txn.Exec(
+      "INSERT INTO dentries(parent, name, ino) VALUES(?, ?, ?)",
+      {parent.ino, std::string(name), ino});
+  if (!added) return std::unexpected(added.error());
+  auto touched = txn.Exec(
+      "UPDATE inodes SET mtime_ns = ?, ctime_ns = ?, nlink = nlink + ? "
+      "WHERE ino = ?",
+      {now_ns, now_ns, int64_t{kind == S_IFDIR ? 1 : 0}, parent.ino});
+  if (!touched) return std::unexpected(touched.error());
+  Inode n;
+  n.ino = ino;
+  n.kind = kind;
+  n.mode = mode & 07777;
+  n.uid = uid;
+  n.gid = gid;
+  n.nlink = nlink;
+  n.size = size;
+  n.atime_ns = n.mtime_ns = n.ctime_ns = now_ns;
+  n.target = kind == S_IFLNK ? target : "";
+  return n;
+}
+
+vfs::Status TouchDir(Txn& txn, int64_t dir, int64_t now_ns) {
+  auto ok = txn.Exec("UPDATE inodes SET mtime_ns = ?, ctime_ns = ? WHERE ino = ?",
+                     {now_ns, now_ns, dir});
+  if (!ok) return std::unexpected(ok.error());
+  return {};
+}
+
+vfs::Status RecordChange(Txn& txn, const std::string& path,
+                         const std::string& session, int64_t now_ns) {
+  auto ok = txn.Exec(
+      "INSERT INTO changes(path, session, time_ns) VALUES(?, ?, ?)",
+      {path, session, now_ns});
+  if (!ok) return std::unexpected(ok.error());
+  return {};
+}
+
+vfs::Result<std::string> DirPath(Txn& txn, int64_t dir) {
+  std::string path;
+  int64_t cur = dir;
+  for (int depth = 0; cur != kRootIno; ++depth) {
+    if (depth > 4096) return vfs::Fail(EIO, "directory loop in the store");
+    auto rows = txn.Query("SELECT parent, name FROM dentries WHERE ino = ? LIMIT 1",
+                          {cur});
+    if (!rows) return std::unexpected(rows.error());
+    if (rows->empty()) return std::string();
+    path = "/" + AsText((*rows)[0][1]) + path;
+    cur = AsInt((*rows)[0][0]);
+  }
+  return path.empty() ? "/" : path;
+}
+
+vfs::Result<std::string> AnyPath(Txn& txn, int64_t ino) {
+  if (ino == kRootIno) return std::string("/");
+  auto rows = txn.Query("SELECT parent, name FROM dentries WHERE ino = ? LIMIT 1",
+                        {ino});
+  if (!rows) return std::unexpected(rows.error());
+  if (rows->empty()) return std::string();
+  auto dir = DirPath(txn, AsInt((*rows)[0][0]));
+  if (!dir) return dir;
+  if (dir->empty()) return std::string();
+  return (*dir == "/" ? "" : *dir) + "/" + AsText((*rows)[0][1]);
+}
+
+}  // namespace agentvfs::store

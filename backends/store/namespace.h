@@ -1,0 +1,84 @@
+// The store's namespace inside a transaction: inode rows, directory entries
+// and path walks. Private to backends/store; no policy here (auth and
+// conflict rules are in store.cc), only the shape of the tables.
+#pragma once
+
+#include <sys/stat.h>
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "backends/store/engine.h"
+#include "vfs/backend.h"
+
+namespace agentvfs::store {
+
+inline constexpr int64_t kRootIno = 1;
+// st_dev reported for store files, so frontends never mix them up with host
+// files of the same inode number.
+inline constexpr dev_t kStoreDev = 0x41565346;  // "AVSF"
+inline constexpr size_t kChunkSize = 1 << 20;
+
+int64_t NowNs();
+
+struct Inode {
+  int64_t ino = 0;
+  mode_t kind = 0;  // S_IFREG, S_IFDIR or S_IFLNK
+  mode_t mode = 0;  // permission bits (07777)
+  int64_t uid = 0, gid = 0, nlink = 0, size = 0;
+  int64_t stored = 0;  // bytes kept in chunks (holes take none)
+  int64_t atime_ns = 0, mtime_ns = 0, ctime_ns = 0;
+  int64_t version = 0;   // n of the current content version (0: none yet)
+  std::string content;   // hash of the current content ("" = empty)
+  std::string target;    // symlink target
+  bool deleted = false;  // no name left (kept for history)
+
+  bool IsDir() const { return kind == S_IFDIR; }
+  bool IsLink() const { return kind == S_IFLNK; }
+  vfs::Attr ToAttr() const;
+};
+
+// The columns LoadInode reads, in order (for joins).
+extern const char* const kInodeColumns;
+Inode InodeFromRow(const Row& row, size_t first = 0);
+
+vfs::Result<std::optional<Inode>> LoadInode(Txn& txn, int64_t ino);
+vfs::Result<std::optional<int64_t>> LookupName(Txn& txn, int64_t parent,
+                                               std::string_view name);
+
+// Where a path leads.
+struct Walked {
+  std::optional<Inode> parent;  // the directory holding the last name
+  std::string name;             // the last component ("" for the root)
+  std::optional<Inode> node;    // empty when the last name does not exist
+  std::string path;             // canonical path (symlinks inside replaced)
+};
+
+// Walks `path` from the root. Symlinks in the middle are followed within
+// the store (absolute targets are store paths; a target leaving the store
+// -> EACCES; more than 40 -> ELOOP); the last one only if `follow_last`.
+// ENOENT when a middle component is missing, ENOTDIR when it is not a
+// directory. A missing last component is not an error (node is empty).
+vfs::Result<Walked> Walk(Txn& txn, const std::string& path, bool follow_last);
+
+// Inserts a new inode and its entry `name` in `parent`; returns it.
+vfs::Result<Inode> CreateNode(Txn& txn, const Inode& parent,
+                              std::string_view name, mode_t kind, mode_t mode,
+                              int64_t uid, int64_t gid,
+                              const std::string& target, int64_t now_ns);
+
+// Bumps a directory's mtime and ctime (an entry was added or removed).
+vfs::Status TouchDir(Txn& txn, int64_t dir, int64_t now_ns);
+
+// Appends to the change feed.
+vfs::Status RecordChange(Txn& txn, const std::string& path,
+                         const std::string& session, int64_t now_ns);
+
+// The path of a directory inode, rebuilt from its entries ("" if gone).
+vfs::Result<std::string> DirPath(Txn& txn, int64_t dir);
+// Some current path of any inode ("" when it has no name).
+vfs::Result<std::string> AnyPath(Txn& txn, int64_t ino);
+
+}  // namespace agentvfs::store

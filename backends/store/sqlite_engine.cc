@@ -1,0 +1,485 @@
+// The embedded engine: one SQLite database file in WAL mode. One connection
+// writes (writers in other processes queue on SQLite's lock through the busy
+// timeout); a few more connections read, so that a reader never waits behind
+// a writer's fsync. The schema lives here as numbered migrations, each run in
+// its own transaction and recorded in PRAGMA user_version.
+#include <sqlite3.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <array>
+#include <chrono>
+#include <filesystem>
+#include <map>
+#include <mutex>
+#include <thread>
+
+#include "backends/store/engine.h"
+#include "backends/store/sqlite_engine.h"
+#include "spdlog/spdlog.h"
+
+namespace agentvfs::store {
+namespace {
+
+// Migrations in order; index + 1 is the schema version each one produces.
+// Never edit a released migration: add a new one.
+constexpr std::array<std::string_view, 1> kMigrations = {
+    R"sql(
+CREATE TABLE meta(key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE inodes(
+  ino INTEGER PRIMARY KEY AUTOINCREMENT,
+  kind INTEGER NOT NULL,
+  mode INTEGER NOT NULL,
+  uid INTEGER NOT NULL,
+  gid INTEGER NOT NULL,
+  nlink INTEGER NOT NULL,
+  size INTEGER NOT NULL,
+  blocks INTEGER NOT NULL DEFAULT 0,
+  atime_ns INTEGER NOT NULL,
+  mtime_ns INTEGER NOT NULL,
+  ctime_ns INTEGER NOT NULL,
+  version INTEGER NOT NULL DEFAULT 0,
+  content TEXT,
+  target TEXT,
+  deleted_ns INTEGER);
+CREATE TABLE dentries(
+  parent INTEGER NOT NULL,
+  name TEXT NOT NULL,
+  ino INTEGER NOT NULL,
+  PRIMARY KEY(parent, name)) WITHOUT ROWID;
+CREATE INDEX dentries_ino ON dentries(ino);
+CREATE TABLE versions(
+  ino INTEGER NOT NULL,
+  n INTEGER NOT NULL,
+  path TEXT NOT NULL,
+  author TEXT NOT NULL,
+  session TEXT NOT NULL,
+  time_ns INTEGER NOT NULL,
+  size INTEGER NOT NULL,
+  content TEXT,
+  mode INTEGER NOT NULL,
+  deleted INTEGER NOT NULL DEFAULT 0,
+  PRIMARY KEY(ino, n)) WITHOUT ROWID;
+CREATE INDEX versions_path ON versions(path, time_ns);
+CREATE INDEX versions_content ON versions(content);
+CREATE TABLE contents(
+  hash TEXT PRIMARY KEY,
+  size INTEGER NOT NULL,
+  chunks INTEGER NOT NULL) WITHOUT ROWID;
+CREATE TABLE blobs(
+  id INTEGER PRIMARY KEY,
+  hash TEXT NOT NULL UNIQUE,
+  size INTEGER NOT NULL,
+  data BLOB NOT NULL);
+CREATE TABLE chunks(
+  content TEXT NOT NULL,
+  seq INTEGER NOT NULL,
+  blob INTEGER NOT NULL,
+  PRIMARY KEY(content, seq)) WITHOUT ROWID;
+CREATE INDEX chunks_blob ON chunks(blob);
+CREATE TABLE users(
+  name TEXT PRIMARY KEY,
+  token_hash TEXT NOT NULL UNIQUE,
+  disabled INTEGER NOT NULL DEFAULT 0,
+  created_ns INTEGER NOT NULL);
+CREATE TABLE teams(name TEXT PRIMARY KEY);
+CREATE TABLE members(
+  team TEXT NOT NULL,
+  user TEXT NOT NULL,
+  PRIMARY KEY(team, user)) WITHOUT ROWID;
+CREATE TABLE grants(
+  prefix TEXT NOT NULL,
+  subject_kind TEXT NOT NULL,
+  subject TEXT NOT NULL,
+  level INTEGER NOT NULL,
+  PRIMARY KEY(prefix, subject_kind, subject)) WITHOUT ROWID;
+CREATE TABLE leases(
+  ino INTEGER PRIMARY KEY,
+  session TEXT NOT NULL,
+  user TEXT NOT NULL,
+  host TEXT NOT NULL,
+  pid INTEGER NOT NULL,
+  pid_start INTEGER NOT NULL,
+  expires_ns INTEGER NOT NULL);
+CREATE TABLE changes(
+  seq INTEGER PRIMARY KEY AUTOINCREMENT,
+  path TEXT NOT NULL,
+  session TEXT NOT NULL,
+  time_ns INTEGER NOT NULL);
+INSERT INTO inodes(ino, kind, mode, uid, gid, nlink, size, atime_ns, mtime_ns,
+                   ctime_ns)
+  VALUES(1, 16384, 493, 0, 0, 2, 0, 0, 0, 0);
+)sql",
+};
+
+constexpr int kReaders = 4;
+constexpr int kBusyTimeoutMs = 30'000;
+
+vfs::Error FromSqlite(sqlite3* db, int rc, std::string_view what) {
+  std::string msg = std::string(what) + ": " +
+                    (db != nullptr ? sqlite3_errmsg(db) : sqlite3_errstr(rc));
+  int code = EIO;
+  int primary = rc & 0xff;
+  if (primary == SQLITE_BUSY || primary == SQLITE_LOCKED) {
+    code = EBUSY;
+    msg += " (the store stayed locked by another process; try again)";
+  } else if (primary == SQLITE_FULL) {
+    code = ENOSPC;
+  } else if (primary == SQLITE_READONLY || primary == SQLITE_PERM ||
+             primary == SQLITE_CANTOPEN) {
+    code = EACCES;
+  } else if (primary == SQLITE_CONSTRAINT) {
+    code = EEXIST;
+  } else if (primary == SQLITE_NOMEM) {
+    code = ENOMEM;
+  }
+  return vfs::Error{code, std::move(msg)};
+}
+
+// One connection with its prepared statements. Used by one thread at a time
+// (its owner holds the connection's mutex).
+class Connection final : public Txn {
+ public:
+  static vfs::Result<std::unique_ptr<Connection>> Open(const std::string& path,
+                                                       int flags) {
+    sqlite3* db = nullptr;
+    int rc = sqlite3_open_v2(path.c_str(), &db, flags | SQLITE_OPEN_NOMUTEX,
+                             nullptr);
+    auto conn = std::unique_ptr<Connection>(new Connection(db));
+    if (rc != SQLITE_OK) {
+      return std::unexpected(FromSqlite(db, rc, "cannot open " + path));
+    }
+    sqlite3_extended_result_codes(db, 1);
+    sqlite3_busy_timeout(db, kBusyTimeoutMs);
+    return conn;
+  }
+
+  ~Connection() override {
+    for (auto& [sql, stmt] : cache_) sqlite3_finalize(stmt);
+    sqlite3_close_v2(db_);
+  }
+
+  sqlite3* db() const { return db_; }
+
+  vfs::Status Run(std::string_view sql) {
+    char* err = nullptr;
+    std::string text(sql);
+    int rc = sqlite3_exec(db_, text.c_str(), nullptr, nullptr, &err);
+    if (rc != SQLITE_OK) {
+      std::string msg = err != nullptr ? err : sqlite3_errstr(rc);
+      sqlite3_free(err);
+      vfs::Error e = FromSqlite(db_, rc, "store");
+      e.message = msg + (e.code == EBUSY ? " (store locked; try again)" : "");
+      return std::unexpected(e);
+    }
+    return {};
+  }
+
+  vfs::Result<std::vector<Row>> Query(std::string_view sql,
+                                      const std::vector<Value>& params) override {
+    std::vector<Row> rows;
+    auto st = Step(sql, params, &rows);
+    if (!st) return std::unexpected(st.error());
+    return rows;
+  }
+
+  vfs::Result<int64_t> Exec(std::string_view sql,
+                            const std::vector<Value>& params) override {
+    auto st = Step(sql, params, nullptr);
+    if (!st) return std::unexpected(st.error());
+    return sqlite3_changes64(db_);
+  }
+
+  vfs::Result<size_t> ReadBlob(std::string_view table, std::string_view column,
+                               int64_t rowid, void* buf, size_t size,
+                               size_t offset) override {
+    sqlite3_blob* blob = nullptr;
+    std::string t(table), c(column);
+    int rc = sqlite3_blob_open(db_, "main", t.c_str(), c.c_str(), rowid, 0,
+                               &blob);
+    if (rc != SQLITE_OK) {
+      return std::unexpected(FromSqlite(db_, rc, "cannot open stored chunk"));
+    }
+    size_t total = static_cast<size_t>(sqlite3_blob_bytes(blob));
+    size_t n = offset >= total ? 0 : std::min(size, total - offset);
+    if (n > 0) {
+      rc = sqlite3_blob_read(blob, buf, static_cast<int>(n),
+                             static_cast<int>(offset));
+    }
+    sqlite3_blob_close(blob);
+    if (rc != SQLITE_OK) {
+      return std::unexpected(FromSqlite(db_, rc, "cannot read stored chunk"));
+    }
+    return n;
+  }
+
+ private:
+  explicit Connection(sqlite3* db) : db_(db) {}
+
+  vfs::Status Step(std::string_view sql, const std::vector<Value>& params,
+                   std::vector<Row>* rows) {
+    sqlite3_stmt* stmt = nullptr;
+    std::string key(sql);
+    if (auto it = cache_.find(key); it != cache_.end()) {
+      stmt = it->second;
+    } else {
+      int rc = sqlite3_prepare_v3(db_, key.c_str(), static_cast<int>(key.size()),
+                                  SQLITE_PREPARE_PERSISTENT, &stmt, nullptr);
+      if (rc != SQLITE_OK) {
+        return std::unexpected(FromSqlite(db_, rc, "bad statement " + key));
+      }
+      cache_.emplace(std::move(key), stmt);
+    }
+    sqlite3_reset(stmt);
+    sqlite3_clear_bindings(stmt);
+    for (size_t i = 0; i < params.size(); ++i) {
+      int idx = static_cast<int>(i) + 1;
+      const Value& v = params[i];
+      if (std::holds_alternative<int64_t>(v)) {
+        sqlite3_bind_int64(stmt, idx, std::get<int64_t>(v));
+      } else if (std::holds_alternative<std::string>(v)) {
+        const auto& s = std::get<std::string>(v);
+        sqlite3_bind_text64(stmt, idx, s.data(), s.size(), SQLITE_STATIC,
+                            SQLITE_UTF8);
+      } else if (std::holds_alternative<Bytes>(v)) {
+        const auto& b = std::get<Bytes>(v).data;
+        sqlite3_bind_blob64(stmt, idx, b.data(), b.size(), SQLITE_STATIC);
+      } else {
+        sqlite3_bind_null(stmt, idx);
+      }
+    }
+    while (true) {
+      int rc = sqlite3_step(stmt);
+      if (rc == SQLITE_DONE) break;
+      if (rc != SQLITE_ROW) {
+        vfs::Error e = FromSqlite(db_, rc, "store");
+        sqlite3_reset(stmt);
+        return std::unexpected(e);
+      }
+      if (rows == nullptr) continue;
+      Row row;
+      int cols = sqlite3_column_count(stmt);
+      row.reserve(cols);
+      for (int c = 0; c < cols; ++c) {
+        switch (sqlite3_column_type(stmt, c)) {
+          case SQLITE_INTEGER:
+            row.emplace_back(int64_t{sqlite3_column_int64(stmt, c)});
+            break;
+          case SQLITE_TEXT:
+            row.emplace_back(std::string(
+                reinterpret_cast<const char*>(sqlite3_column_text(stmt, c)),
+                sqlite3_column_bytes(stmt, c)));
+            break;
+          case SQLITE_BLOB: {
+            const char* p =
+                static_cast<const char*>(sqlite3_column_blob(stmt, c));
+            row.emplace_back(
+                Bytes{std::string(p, p + sqlite3_column_bytes(stmt, c))});
+            break;
+          }
+          case SQLITE_FLOAT:
+            row.emplace_back(int64_t(sqlite3_column_double(stmt, c)));
+            break;
+          default:
+            row.emplace_back(std::monostate{});
+        }
+      }
+      rows->push_back(std::move(row));
+    }
+    sqlite3_reset(stmt);
+    return {};
+  }
+
+  sqlite3* db_;
+  std::map<std::string, sqlite3_stmt*, std::less<>> cache_;
+};
+
+class SqliteEngine final : public Engine {
+ public:
+  SqliteEngine(std::string path, std::unique_ptr<Connection> writer)
+      : path_(std::move(path)), writer_(std::move(writer)) {}
+
+  vfs::Status OpenReaders() {
+    for (int i = 0; i < kReaders; ++i) {
+      auto c = Connection::Open(path_, SQLITE_OPEN_READONLY);
+      if (!c) return std::unexpected(c.error());
+      if (auto ok = (*c)->Run("PRAGMA query_only=1"); !ok) return ok;
+      readers_[i].conn = std::move(*c);
+    }
+    return {};
+  }
+
+  vfs::Status Migrate() {
+    std::lock_guard lock(write_mu_);
+    for (size_t v = 0; v < kMigrations.size(); ++v) {
+      int target = static_cast<int>(v) + 1;
+      if (auto ok = writer_->Run("BEGIN IMMEDIATE"); !ok) return ok;
+      auto rows = writer_->Query("PRAGMA user_version", {});
+      if (!rows) {
+        (void)writer_->Run("ROLLBACK");
+        return std::unexpected(rows.error());
+      }
+      int current = static_cast<int>(AsInt((*rows)[0][0]));
+      if (current > static_cast<int>(kMigrations.size())) {
+        (void)writer_->Run("ROLLBACK");
+        return vfs::Fail(EINVAL, path_ + " has schema version " +
+                                     std::to_string(current) +
+                                     ", newer than this agentvfs knows (" +
+                                     std::to_string(kMigrations.size()) +
+                                     "); upgrade agentvfs");
+      }
+      if (current >= target) {
+        (void)writer_->Run("ROLLBACK");
+        continue;
+      }
+      auto ok = writer_->Run(kMigrations[v]);
+      if (ok) ok = writer_->Run("PRAGMA user_version=" + std::to_string(target));
+      if (ok) ok = writer_->Run("COMMIT");
+      if (!ok) {
+        (void)writer_->Run("ROLLBACK");
+        return vfs::Fail(ok.error().code, "migrating " + path_ + " to schema " +
+                                              std::to_string(target) + ": " +
+                                              ok.error().message);
+      }
+      spdlog::get("store") ? spdlog::get("store")->info(
+                                 "{}: schema migrated to version {}", path_,
+                                 target)
+                           : void();
+    }
+    version_ = static_cast<int>(kMigrations.size());
+    return {};
+  }
+
+  vfs::Status Write(Durability durability, const TxnFn& fn) override {
+    std::lock_guard lock(write_mu_);
+    int want = durability == Durability::kFull ? 2 : 1;  // FULL : NORMAL
+    if (want != synchronous_) {
+      if (auto ok = writer_->Run(want == 2 ? "PRAGMA synchronous=FULL"
+                                           : "PRAGMA synchronous=NORMAL");
+          !ok) {
+        return ok;
+      }
+      synchronous_ = want;
+    }
+    if (auto ok = writer_->Run("BEGIN IMMEDIATE"); !ok) return ok;
+    vfs::Status result = fn(*writer_);
+    if (!result) {
+      (void)writer_->Run("ROLLBACK");
+      return result;
+    }
+    if (auto ok = writer_->Run("COMMIT"); !ok) {
+      (void)writer_->Run("ROLLBACK");
+      return ok;
+    }
+    return {};
+  }
+
+  vfs::Status Read(const TxnFn& fn) override {
+    // Any free reader; when all are busy, wait for the first one.
+    Reader* r = nullptr;
+    std::unique_lock<std::mutex> lock;
+    for (auto& candidate : readers_) {
+      std::unique_lock<std::mutex> l(candidate.mu, std::try_to_lock);
+      if (l.owns_lock()) {
+        r = &candidate;
+        lock = std::move(l);
+        break;
+      }
+    }
+    if (r == nullptr) {
+      size_t i = next_reader_.fetch_add(1) % kReaders;
+      r = &readers_[i];
+      lock = std::unique_lock<std::mutex>(r->mu);
+    }
+    if (auto ok = r->conn->Run("BEGIN"); !ok) return ok;
+    vfs::Status result = fn(*r->conn);
+    (void)r->conn->Run("COMMIT");
+    return result;
+  }
+
+  vfs::Status Barrier() override {
+    return Write(Durability::kFull, [](Txn& t) -> vfs::Status {
+      auto n = t.Exec(
+          "INSERT INTO meta(key, value) VALUES('barrier', '1') "
+          "ON CONFLICT(key) DO UPDATE SET value = CAST(value AS INTEGER) + 1");
+      if (!n) return std::unexpected(n.error());
+      return {};
+    });
+  }
+
+  int SchemaVersion() const override { return version_; }
+  std::string Describe() const override { return "sqlite:" + path_; }
+  std::string ScratchDir() const override {
+    auto dir = std::filesystem::path(path_).parent_path();
+    return dir.empty() ? "." : dir.string();
+  }
+
+  vfs::Status Compact() override {
+    std::lock_guard lock(write_mu_);
+    // Overwrite the freed pages, then fold the log into the database and
+    // truncate it, so that erased content is in neither file.
+    if (auto ok = writer_->Run("PRAGMA secure_delete=ON"); !ok) return ok;
+    if (auto ok = writer_->Run("VACUUM"); !ok) return ok;
+    for (int attempt = 0; attempt < 50; ++attempt) {
+      auto rows = writer_->Query("PRAGMA wal_checkpoint(TRUNCATE)", {});
+      if (!rows) return std::unexpected(rows.error());
+      if (!rows->empty() && AsInt((*rows)[0][0]) == 0) return {};
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    }
+    return vfs::Fail(EBUSY,
+                     "the write-ahead log could not be truncated because "
+                     "another process keeps reading the store; stop the "
+                     "mounts of this store and run the command again");
+  }
+
+ private:
+  struct Reader {
+    std::mutex mu;  // guards conn
+    std::unique_ptr<Connection> conn;
+  };
+
+  std::string path_;
+  std::mutex write_mu_;  // guards writer_ and synchronous_
+  std::unique_ptr<Connection> writer_;
+  int synchronous_ = 0;
+  std::array<Reader, kReaders> readers_;
+  std::atomic<size_t> next_reader_{0};
+  int version_ = 0;
+};
+
+}  // namespace
+
+vfs::Result<std::unique_ptr<Engine>> OpenSqliteEngine(const std::string& path,
+                                                      bool create) {
+  struct stat st;
+  bool exists = ::stat(path.c_str(), &st) == 0;
+  if (!exists && !create) {
+    return vfs::Fail(ENOENT, "no store at " + path +
+                                 "; create one with `agentvfs init --store " +
+                                 path + " --admin NAME`");
+  }
+  if (exists && !S_ISREG(st.st_mode)) {
+    return vfs::Fail(EINVAL, path + " is not a store file");
+  }
+  auto writer = Connection::Open(
+      path, SQLITE_OPEN_READWRITE | (create ? SQLITE_OPEN_CREATE : 0));
+  if (!writer) return std::unexpected(writer.error());
+  Connection& w = **writer;
+  // Private to the owner: the database holds token hashes and everyone's
+  // memories.
+  if (!exists) ::chmod(path.c_str(), 0600);
+  for (std::string_view pragma :
+       {"PRAGMA journal_mode=WAL", "PRAGMA synchronous=FULL",
+        "PRAGMA foreign_keys=OFF", "PRAGMA temp_store=MEMORY"}) {
+    if (auto ok = w.Run(pragma); !ok) {
+      return vfs::Fail(ok.error().code, path + " is not a usable store (" +
+                                            ok.error().message + ")");
+    }
+  }
+  auto engine = std::make_unique<SqliteEngine>(path, std::move(*writer));
+  if (auto ok = engine->Migrate(); !ok) return std::unexpected(ok.error());
+  if (auto ok = engine->OpenReaders(); !ok) return std::unexpected(ok.error());
+  return std::unique_ptr<Engine>(std::move(engine));
+}
+
+}  // namespace agentvfs::store

@@ -1,0 +1,1758 @@
+// StoreBackend (see store.h and docs/store.md): the policy of the store --
+// auth checks, drafts and commits, leases and stale-writer checks, the change
+// feed -- over the namespace tables of namespace.h.
+//
+// Locks, in the order they may be taken:
+//   OpenNode::mu -> (engine's own locks) -> Impl::nodes_mu_
+//   Impl::listener_mu_ is only held around ChangeListener::Changed calls.
+// nodes_mu_ is only ever held for a map lookup; no engine transaction
+// function takes OpenNode::mu.
+#include "backends/store/store.h"
+
+#include <fcntl.h>
+#include <openssl/evp.h>
+#include <sys/statvfs.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <condition_variable>
+#include <cstring>
+#include <fstream>
+#include <map>
+#include <mutex>
+#include <sstream>
+#include <thread>
+
+#include "backends/store/admin.h"
+#include "backends/store/namespace.h"
+#include "spdlog/spdlog.h"
+#include "vfs/path.h"
+
+namespace agentvfs::store {
+
+using vfs::Caller;
+using vfs::Fail;
+using vfs::Path;
+using vfs::Result;
+using vfs::Status;
+
+namespace {
+
+#define TRY(expr)                                       \
+  do {                                                  \
+    if (auto _st = (expr); !_st) {                      \
+      return std::unexpected(std::move(_st).error());   \
+    }                                                   \
+  } while (0)
+
+#define TRY_ASSIGN(var, expr)                                                 \
+  auto var##_result = (expr);                                                 \
+  if (!var##_result) return std::unexpected(std::move(var##_result).error()); \
+  auto var = std::move(*var##_result)
+
+std::shared_ptr<spdlog::logger> Log() {
+  static std::shared_ptr<spdlog::logger> log = [] {
+    auto l = spdlog::get("store");
+    return l ? l : spdlog::default_logger()->clone("store");
+  }();
+  return log;
+}
+
+std::string ReadSmallFile(const char* path) {
+  std::ifstream in(path);
+  std::string s;
+  std::getline(in, s);
+  return s;
+}
+
+// Start time of a process (clock ticks since boot), 0 when it is gone.
+int64_t ProcessStart(pid_t pid) {
+  std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
+  std::string text((std::istreambuf_iterator<char>(in)), {});
+  auto close = text.rfind(')');
+  if (close == std::string::npos) return 0;
+  std::istringstream rest(text.substr(close + 2));
+  std::string field;
+  // Fields after "(comm)": state is field 3; starttime is field 22.
+  for (int i = 3; i <= 22 && rest >> field; ++i) {
+    if (i == 22) return std::stoll(field);
+  }
+  return 0;
+}
+
+std::string FormatTime(int64_t ns) {
+  time_t secs = ns / 1'000'000'000;
+  struct tm tm;
+  gmtime_r(&secs, &tm);
+  char buf[32];
+  strftime(buf, sizeof buf, "%Y-%m-%d %H:%M:%S UTC", &tm);
+  return buf;
+}
+
+// What a draft holds, chunk by chunk. A chunk that is a hole (or all
+// zeros) is stored as no blob at all, so sparse files cost nothing and are
+// hashed without reading their holes. The content hash is SHA-256 over the
+// list of (chunk size, chunk hash) pairs: equal bytes give an equal hash,
+// whatever their holes were.
+struct ContentDigest {
+  std::string hash;
+  std::vector<std::string> chunk_hashes;  // "" for a hole
+  std::vector<size_t> chunk_sizes;
+  int64_t size = 0;
+  int64_t stored = 0;  // bytes in non-hole chunks
+};
+
+class Sha256 {
+ public:
+  Sha256() : ctx_(EVP_MD_CTX_new()) { EVP_DigestInit_ex(ctx_, EVP_sha256(), nullptr); }
+  ~Sha256() { EVP_MD_CTX_free(ctx_); }
+  Sha256(const Sha256&) = delete;
+  Sha256& operator=(const Sha256&) = delete;
+  void Update(const void* p, size_t n) { EVP_DigestUpdate(ctx_, p, n); }
+  std::string Hex() {
+    unsigned char d[EVP_MAX_MD_SIZE];
+    unsigned int n = 0;
+    EVP_DigestFinal_ex(ctx_, d, &n);
+    static constexpr char kDigits[] = "0123456789abcdef";
+    std::string out;
+    for (unsigned i = 0; i < n; ++i) {
+      out.push_back(kDigits[d[i] >> 4]);
+      out.push_back(kDigits[d[i] & 0xf]);
+    }
+    return out;
+  }
+
+ private:
+  EVP_MD_CTX* ctx_;
+};
+
+bool AllZero(const char* p, size_t n) {
+  for (size_t i = 0; i < n; ++i) {
+    if (p[i] != 0) return false;
+  }
+  return true;
+}
+
+Result<ContentDigest> DigestFile(int fd) {
+  ContentDigest d;
+  struct stat st;
+  if (fd >= 0 && fstat(fd, &st) != 0) {
+    return std::unexpected(vfs::FromErrno(errno, "stat draft", ""));
+  }
+  d.size = fd >= 0 ? st.st_size : 0;
+  Sha256 whole;
+  whole.Update("agentvfs-content-1", 18);
+  std::string buf(kChunkSize, '\0');
+  for (off_t off = 0; off < d.size; off += static_cast<off_t>(kChunkSize)) {
+    size_t len = static_cast<size_t>(
+        std::min<int64_t>(static_cast<int64_t>(kChunkSize), d.size - off));
+    off_t data = lseek(fd, off, SEEK_DATA);
+    bool hole = (data < 0 && errno == ENXIO) || (data >= off + static_cast<off_t>(len));
+    std::string chunk_hash;
+    if (!hole) {
+      size_t have = 0;
+      while (have < len) {
+        ssize_t n = pread(fd, buf.data() + have, len - have, off + have);
+        if (n < 0) {
+          if (errno == EINTR) continue;
+          return std::unexpected(vfs::FromErrno(errno, "read draft", ""));
+        }
+        if (n == 0) return Fail(EIO, "the draft shrank while it was committed");
+        have += static_cast<size_t>(n);
+      }
+      hole = AllZero(buf.data(), len);
+      if (!hole) {
+        Sha256 part;
+        part.Update(buf.data(), len);
+        chunk_hash = part.Hex();
+        d.stored += static_cast<int64_t>(len);
+      }
+    }
+    std::string entry = std::to_string(len) + ":" + chunk_hash + "\n";
+    whole.Update(entry.data(), entry.size());
+    d.chunk_hashes.push_back(std::move(chunk_hash));
+    d.chunk_sizes.push_back(len);
+  }
+  d.hash = whole.Hex();
+  return d;
+}
+
+// A draft: an anonymous host file in the store's scratch directory.
+Result<int> NewDraftFile(const std::string& dir) {
+  int fd = open(dir.c_str(), O_TMPFILE | O_RDWR | O_CLOEXEC, 0600);
+  if (fd >= 0) return fd;
+  std::string tmpl = dir + "/.agentvfs-draft-XXXXXX";
+  fd = mkostemp(tmpl.data(), O_CLOEXEC);
+  if (fd < 0) return std::unexpected(vfs::FromErrno(errno, "create draft", dir));
+  unlink(tmpl.c_str());
+  return fd;
+}
+
+}  // namespace
+
+// State of one file as open by one session: the draft shared by the
+// session's write handles, and what the session last committed.
+struct OpenNode {
+  std::string session;
+  int64_t ino = 0;
+  std::mutex mu;  // guards everything below
+  int draft_fd = -1;
+  std::atomic<bool> has_draft{false};  // draft_fd >= 0, readable unlocked
+  int64_t base_version = 0;  // version the draft is based on
+  bool dirty = false;        // the draft differs from base_version
+  bool created = false;      // made by this session, never committed
+  int64_t last_write_ns = 0; // mtime to commit (0: keep the inode's)
+  int writers = 0;           // open write handles
+  int lease_holders = 0;     // write handles holding the lease
+  std::string path;          // last known path
+  // The last content this session committed (readers opened before follow).
+  int64_t committed_version = 0;
+  std::string committed_content;
+  int64_t committed_size = 0;
+
+  ~OpenNode() {
+    if (draft_fd >= 0) close(draft_fd);
+  }
+};
+
+class StoreBackend::Impl {
+ public:
+  Impl(StoreBackend& owner, Engine& engine, AuthCache& auth,
+       StoreOptions options)
+      : owner_(owner), engine_(engine), auth_(auth), options_(options) {
+    host_ = ReadSmallFile("/etc/machine-id") + ":" +
+            ReadSmallFile("/proc/sys/kernel/random/boot_id");
+    pid_ = getpid();
+    pid_start_ = ProcessStart(pid_);
+    scratch_ = engine_.ScratchDir();
+    background_ = std::thread([this] { Background(); });
+  }
+
+  ~Impl() {
+    {
+      std::lock_guard lock(bg_mu_);
+      stopping_ = true;
+    }
+    bg_cv_.notify_all();
+    background_.join();
+  }
+
+  // --- auth ------------------------------------------------------------
+  Result<std::shared_ptr<const Policy>> PolicyOf(const Caller& c) {
+    TRY_ASSIGN(policy, auth_.PolicyFor(c.user));
+    if (!policy->usable()) return Fail(EACCES, policy->why_not());
+    return policy;
+  }
+
+  static Status NeedVisible(const Policy& p, const std::string& path) {
+    if (!p.Visible(path)) return Fail(ENOENT, "no such file or directory");
+    return {};
+  }
+  static Status NeedRead(const Policy& p, const std::string& path) {
+    TRY(NeedVisible(p, path));
+    if (p.LevelOf(path) < Level::kRead) {
+      return Fail(EACCES, "user '" + p.user() + "' may not read " + path);
+    }
+    return {};
+  }
+  // For a name that may not exist yet, in a visible directory.
+  static Status NeedCreate(const Policy& p, const std::string& path) {
+    if (p.LevelOf(path) < Level::kWrite) {
+      return Fail(EACCES, "user '" + p.user() + "' may not create " + path +
+                              "; ask an admin for a write grant");
+    }
+    return {};
+  }
+  static Status NeedWrite(const Policy& p, const std::string& path) {
+    TRY(NeedVisible(p, path));
+    if (p.LevelOf(path) < Level::kWrite) {
+      return Fail(EACCES, "user '" + p.user() + "' may read but not write " +
+                              path + "; ask an admin for a write grant");
+    }
+    return {};
+  }
+
+  // --- open nodes ------------------------------------------------------
+  std::shared_ptr<OpenNode> GetNode(const std::string& session, int64_t ino) {
+    std::lock_guard lock(nodes_mu_);
+    auto& weak = nodes_[{session, ino}];
+    auto node = weak.lock();
+    if (!node) {
+      node = std::make_shared<OpenNode>();
+      node->session = session;
+      node->ino = ino;
+      weak = node;
+    }
+    return node;
+  }
+  std::shared_ptr<OpenNode> FindNode(const std::string& session, int64_t ino) {
+    std::lock_guard lock(nodes_mu_);
+    auto it = nodes_.find({session, ino});
+    if (it == nodes_.end()) return nullptr;
+    auto node = it->second.lock();
+    if (!node) nodes_.erase(it);
+    return node;
+  }
+
+  void SetSeen(const std::string& session, int64_t ino, int64_t version) {
+    std::lock_guard lock(nodes_mu_);
+    seen_[{session, ino}] = version;
+  }
+  std::optional<int64_t> Seen(const std::string& session, int64_t ino) {
+    std::lock_guard lock(nodes_mu_);
+    auto it = seen_.find({session, ino});
+    if (it == seen_.end()) return std::nullopt;
+    return it->second;
+  }
+
+  // Draft overlay for stat: what this session sees of a file it is writing.
+  void Overlay(const Caller& c, vfs::Attr& st) {
+    auto node = FindNode(c.session, static_cast<int64_t>(st.st_ino));
+    if (!node) return;
+    std::lock_guard lock(node->mu);
+    if (node->draft_fd >= 0) {
+      struct stat ds;
+      if (fstat(node->draft_fd, &ds) == 0) {
+        st.st_size = ds.st_size;
+        st.st_blocks = ds.st_blocks;
+      }
+      if (node->last_write_ns > 0) {
+        st.st_mtim.tv_sec = node->last_write_ns / 1'000'000'000;
+        st.st_mtim.tv_nsec = node->last_write_ns % 1'000'000'000;
+      }
+    }
+  }
+
+  // --- leases and staleness -------------------------------------------
+  bool LeaseAlive(const Row& r, int64_t now) const {
+    // r: session, user, host, pid, pid_start, expires_ns
+    if (AsInt(r[5]) <= now) return false;
+    if (AsText(r[2]) == host_) {
+      pid_t pid = static_cast<pid_t>(AsInt(r[3]));
+      if (ProcessStart(pid) != AsInt(r[4])) return false;  // holder died
+    }
+    return true;
+  }
+
+  // EBUSY when another live session holds the lease of `ino`.
+  Status CheckLease(Txn& txn, const Caller& c, int64_t ino,
+                    const std::string& path, int64_t now) {
+    auto rows = txn.Query(
+        "SELECT session, user, host, pid, pid_start, expires_ns FROM leases "
+        "WHERE ino = ?",
+        {ino});
+    if (!rows) return std::unexpected(rows.error());
+    if (rows->empty()) return {};
+    const Row& r = (*rows)[0];
+    if (AsText(r[0]) == c.session) return {};
+    if (!LeaseAlive(r, now)) return {};
+    return Fail(EBUSY, path + " is open for writing by user '" + AsText(r[1]) +
+                           "' (session " + AsText(r[0]) +
+                           "); try again after they close it");
+  }
+
+  Status TakeLease(Txn& txn, const Caller& c, int64_t ino, int64_t now) {
+    auto ok = txn.Exec(
+        "INSERT INTO leases(ino, session, user, host, pid, pid_start, "
+        "expires_ns) VALUES(?, ?, ?, ?, ?, ?, ?) ON CONFLICT(ino) DO UPDATE "
+        "SET session = excluded.session, user = excluded.user, "
+        "host = excluded.host, pid = excluded.pid, "
+        "pid_start = excluded.pid_start, expires_ns = excluded.expires_ns",
+        {ino, c.session, c.user, host_, int64_t{pid_}, pid_start_,
+         now + options_.lease_ttl.count() * 1'000'000});
+    if (!ok) return std::unexpected(ok.error());
+    held_leases_.fetch_add(1);
+    return {};
+  }
+
+  Status DropLease(Txn& txn, const Caller& c, int64_t ino) {
+    auto ok = txn.Exec("DELETE FROM leases WHERE ino = ? AND session = ?",
+                       {ino, c.session});
+    if (!ok) return std::unexpected(ok.error());
+    held_leases_.fetch_sub(1);
+    return {};
+  }
+
+  // ESTALE when the session read an older version than the current one and
+  // someone else committed since.
+  Status CheckStale(Txn& txn, const Caller& c, const Inode& node,
+                    const std::string& path) {
+    auto seen = Seen(c.session, node.ino);
+    if (!seen || *seen == node.version) return {};
+    auto rows = txn.Query(
+        "SELECT author, session, time_ns FROM versions WHERE ino = ? AND n = ?",
+        {node.ino, node.version});
+    if (!rows) return std::unexpected(rows.error());
+    if (rows->empty()) return {};
+    const Row& r = (*rows)[0];
+    if (AsText(r[1]) == c.session) return {};
+    return Fail(ESTALE, path + " was changed by user '" + AsText(r[0]) +
+                            "' at " + FormatTime(AsInt(r[2])) + " (version " +
+                            std::to_string(node.version) +
+                            ") after this session read version " +
+                            std::to_string(*seen) +
+                            "; read the file again, then write");
+  }
+
+  // --- content ---------------------------------------------------------
+  // Writes the content `hash` into `fd` from offset 0.
+  Status CopyContentTo(const std::string& hash, int fd) {
+    if (hash.empty()) return {};
+    std::vector<std::pair<int64_t, int64_t>> blobs;  // (id, size)
+    TRY(engine_.Read([&](Txn& txn) -> Status {
+      auto rows = txn.Query(
+          "SELECT c.blob, COALESCE(b.size, 0) FROM chunks c "
+          "LEFT JOIN blobs b ON b.id = c.blob WHERE c.content = ? "
+          "ORDER BY c.seq",
+          {hash});
+      if (!rows) return std::unexpected(rows.error());
+      for (const auto& r : *rows) blobs.emplace_back(AsInt(r[0]), AsInt(r[1]));
+      return {};
+    }));
+    std::string buf(kChunkSize, '\0');
+    off_t off = 0;
+    int64_t total = 0;
+    TRY(engine_.Read([&](Txn& txn) -> Status {
+      auto rows = txn.Query("SELECT size FROM contents WHERE hash = ?", {hash});
+      if (!rows) return std::unexpected(rows.error());
+      if (!rows->empty()) total = AsInt((*rows)[0][0]);
+      return {};
+    }));
+    for (auto [id, size] : blobs) {
+      if (id == 0) {  // a hole stays a hole
+        off += static_cast<off_t>(kChunkSize);
+        continue;
+      }
+      TRY(engine_.Read([&](Txn& txn) -> Status {
+        auto n = txn.ReadBlob("blobs", "data", id, buf.data(),
+                              static_cast<size_t>(size), 0);
+        if (!n) return std::unexpected(n.error());
+        return {};
+      }));
+      size_t done = 0;
+      while (done < static_cast<size_t>(size)) {
+        ssize_t n = pwrite(fd, buf.data() + done, size - done, off + done);
+        if (n < 0) {
+          if (errno == EINTR) continue;
+          return std::unexpected(vfs::FromErrno(errno, "write draft", ""));
+        }
+        done += static_cast<size_t>(n);
+      }
+      off += size;
+    }
+    if (ftruncate(fd, total) != 0) {
+      return std::unexpected(vfs::FromErrno(errno, "size draft", ""));
+    }
+    return {};
+  }
+
+  // Stores the draft's content (chunks not yet stored) inside `txn`.
+  Status StoreContent(Txn& txn, int fd, const ContentDigest& d) {
+    auto have = txn.Query("SELECT 1 FROM contents WHERE hash = ?", {d.hash});
+    if (!have) return std::unexpected(have.error());
+    if (!have->empty()) return {};
+    std::string buf;
+    off_t off = 0;
+    for (size_t i = 0; i < d.chunk_hashes.size(); ++i) {
+      if (d.chunk_hashes[i].empty()) {  // a hole: no blob
+        auto ch = txn.Exec(
+            "INSERT INTO chunks(content, seq, blob) VALUES(?, ?, 0)",
+            {d.hash, static_cast<int64_t>(i)});
+        if (!ch) return std::unexpected(ch.error());
+        off += static_cast<off_t>(d.chunk_sizes[i]);
+        continue;
+      }
+      auto id_rows = txn.Query("SELECT id FROM blobs WHERE hash = ?",
+                               {d.chunk_hashes[i]});
+      if (!id_rows) return std::unexpected(id_rows.error());
+      int64_t id;
+      if (!id_rows->empty()) {
+        id = AsInt((*id_rows)[0][0]);
+      } else {
+        buf.resize(d.chunk_sizes[i]);
+        size_t done = 0;
+        while (done < buf.size()) {
+          ssize_t n = pread(fd, buf.data() + done, buf.size() - done, off + done);
+          if (n <= 0) {
+            if (n < 0 && errno == EINTR) continue;
+            return Fail(EIO, "the draft changed while it was committed");
+          }
+          done += static_cast<size_t>(n);
+        }
+        auto ins = txn.Query(
+            "INSERT INTO blobs(hash, size, data) VALUES(?, ?, ?) RETURNING id",
+            {d.chunk_hashes[i], static_cast<int64_t>(buf.size()), Bytes{buf}});
+        if (!ins) return std::unexpected(ins.error());
+        id = AsInt((*ins)[0][0]);
+      }
+      auto ch = txn.Exec("INSERT INTO chunks(content, seq, blob) VALUES(?, ?, ?)",
+                         {d.hash, static_cast<int64_t>(i), id});
+      if (!ch) return std::unexpected(ch.error());
+      off += static_cast<off_t>(d.chunk_sizes[i]);
+    }
+    auto ins = txn.Exec("INSERT INTO contents(hash, size, chunks) VALUES(?, ?, ?)",
+                        {d.hash, d.size,
+                         static_cast<int64_t>(d.chunk_hashes.size())});
+    if (!ins) return std::unexpected(ins.error());
+    return {};
+  }
+
+  // Commits the draft of `node` (node->mu held). `release` also ends the
+  // session's lease in the same transaction.
+  Status Commit(const Caller& c, OpenNode& node, Durability durability,
+                bool release) {
+    TRY_ASSIGN(digest, DigestFile(node.draft_fd));
+    int64_t now = NowNs();
+    int64_t committed = 0;
+    TRY(engine_.Write(durability, [&](Txn& txn) -> Status {
+      TRY_ASSIGN(inode, LoadInode(txn, node.ino));
+      if (!inode) return Fail(ENOENT, "the file was purged while open");
+      // Someone else holding the lease now means ours ran out.
+      auto lease = txn.Query(
+          "SELECT session, user, host, pid, pid_start, expires_ns FROM leases "
+          "WHERE ino = ?",
+          {node.ino});
+      if (!lease) return std::unexpected(lease.error());
+      if (!lease->empty() && AsText((*lease)[0][0]) != c.session &&
+          LeaseAlive((*lease)[0], now)) {
+        return Fail(EBUSY, node.path + ": this session's write lease ran out "
+                                       "and user '" +
+                               AsText((*lease)[0][1]) +
+                               "' is writing the file now; nothing was "
+                               "committed; read it again and redo the change");
+      }
+      if (inode->version != node.base_version) {
+        auto rows = txn.Query(
+            "SELECT author, time_ns FROM versions WHERE ino = ? AND n = ?",
+            {node.ino, inode->version});
+        std::string who = rows && !rows->empty() ? AsText((*rows)[0][0]) : "?";
+        int64_t when = rows && !rows->empty() ? AsInt((*rows)[0][1]) : 0;
+        return Fail(ESTALE, node.path + " was changed by user '" + who +
+                                "' at " + FormatTime(when) + " (version " +
+                                std::to_string(inode->version) +
+                                ") while this session was writing it; nothing "
+                                "was committed; read it again and redo the "
+                                "change");
+      }
+      TRY(StoreContent(txn, node.draft_fd, digest));
+      auto maxn = txn.Query("SELECT COALESCE(MAX(n), 0) FROM versions WHERE ino = ?",
+                            {node.ino});
+      if (!maxn) return std::unexpected(maxn.error());
+      int64_t n = AsInt((*maxn)[0][0]) + 1;
+      TRY_ASSIGN(path, AnyPath(txn, node.ino));
+      if (path.empty()) path = node.path;
+      int64_t mtime = node.last_write_ns > 0 ? node.last_write_ns : inode->mtime_ns;
+      auto v = txn.Exec(
+          "INSERT INTO versions(ino, n, path, author, session, time_ns, size, "
+          "content, mode) VALUES(?, ?, ?, ?, ?, ?, ?, ?, ?)",
+          {node.ino, n, path, c.user, c.session, now, digest.size, digest.hash,
+           int64_t{inode->mode}});
+      if (!v) return std::unexpected(v.error());
+      auto u = txn.Exec(
+          "UPDATE inodes SET version = ?, content = ?, size = ?, blocks = ?, "
+          "mtime_ns = ?, ctime_ns = ? WHERE ino = ?",
+          {n, digest.hash, digest.size, digest.stored, mtime, now, node.ino});
+      if (!u) return std::unexpected(u.error());
+      if (!path.empty()) TRY(RecordChange(txn, path, c.session, now));
+      if (release) TRY(DropLease(txn, c, node.ino));
+      committed = n;
+      return {};
+    }));
+    node.base_version = committed;
+    node.dirty = false;
+    node.created = false;
+    node.committed_version = committed;
+    node.committed_content = digest.hash;
+    node.committed_size = digest.size;
+    if (node.last_write_ns > 0) node.last_write_ns = 0;
+    SetSeen(c.session, node.ino, committed);
+    return {};
+  }
+
+  // --- background: lease renewal, change feed, pruning -----------------
+  void SetListener(vfs::ChangeListener* listener) {
+    int64_t start = 0;
+    if (listener != nullptr) {
+      (void)engine_.Read([&](Txn& txn) -> Status {
+        auto rows = txn.Query("SELECT COALESCE(MAX(seq), 0) FROM changes");
+        if (rows && !rows->empty()) start = AsInt((*rows)[0][0]);
+        return {};
+      });
+    }
+    std::lock_guard lock(listener_mu_);
+    listener_ = listener;
+    last_seq_ = start;
+  }
+
+  void Background() {
+    auto renew_every = options_.lease_ttl / 3;
+    auto last_renew = std::chrono::steady_clock::now();
+    auto last_prune = std::chrono::steady_clock::time_point{};
+    std::unique_lock lock(bg_mu_);
+    while (!stopping_) {
+      bg_cv_.wait_for(lock, options_.poll_interval);
+      if (stopping_) break;
+      lock.unlock();
+      auto now = std::chrono::steady_clock::now();
+      if (held_leases_.load() > 0 && now - last_renew >= renew_every) {
+        last_renew = now;
+        auto ok = engine_.Write(Durability::kProcess, [&](Txn& txn) -> Status {
+          auto u = txn.Exec(
+              "UPDATE leases SET expires_ns = ? WHERE host = ? AND pid = ? AND "
+              "pid_start = ?",
+              {NowNs() + options_.lease_ttl.count() * 1'000'000, host_,
+               int64_t{pid_}, pid_start_});
+          if (!u) return std::unexpected(u.error());
+          return {};
+        });
+        if (!ok) Log()->warn("renewing write leases: {}", ok.error().ToString());
+      }
+      if (now - last_prune >= std::chrono::minutes(1)) {
+        last_prune = now;
+        (void)engine_.Write(Durability::kProcess, [&](Txn& txn) -> Status {
+          auto d = txn.Exec("DELETE FROM changes WHERE time_ns < ?",
+                            {NowNs() - int64_t{600} * 1'000'000'000});
+          if (!d) return std::unexpected(d.error());
+          return {};
+        });
+      }
+      PollChanges();
+      lock.lock();
+    }
+  }
+
+  void PollChanges() {
+    std::lock_guard lock(listener_mu_);
+    if (listener_ == nullptr) return;
+    std::vector<std::string> paths;
+    (void)engine_.Read([&](Txn& txn) -> Status {
+      auto rows = txn.Query(
+          "SELECT seq, path FROM changes WHERE seq > ? ORDER BY seq LIMIT 2000",
+          {last_seq_});
+      if (!rows) return std::unexpected(rows.error());
+      for (const auto& r : *rows) {
+        last_seq_ = AsInt(r[0]);
+        paths.push_back(AsText(r[1]));
+      }
+      return {};
+    });
+    for (const auto& p : paths) {
+      auto path = Path::Parse(p);
+      if (path) listener_->Changed(*path);
+    }
+  }
+
+  StoreBackend& owner_;
+  Engine& engine_;
+  AuthCache& auth_;
+  StoreOptions options_;
+  std::string host_;
+  pid_t pid_;
+  int64_t pid_start_;
+  std::string scratch_;
+  std::atomic<int64_t> held_leases_{0};
+
+  std::mutex nodes_mu_;  // guards nodes_ and seen_
+  std::map<std::pair<std::string, int64_t>, std::weak_ptr<OpenNode>> nodes_;
+  std::map<std::pair<std::string, int64_t>, int64_t> seen_;
+
+  std::mutex listener_mu_;  // guards listener_, last_seq_
+  vfs::ChangeListener* listener_ = nullptr;
+  int64_t last_seq_ = 0;
+
+  std::mutex bg_mu_;  // guards stopping_
+  std::condition_variable bg_cv_;
+  bool stopping_ = false;
+  std::thread background_;
+};
+
+namespace {
+
+// An open store file. Write handles share their session's draft; read
+// handles read the draft when their session has one, else the content that
+// was current at open (or what their session committed since).
+class StoreFile final : public vfs::FileHandle {
+ public:
+  StoreFile(StoreBackend::Impl& impl, Caller caller,
+            std::shared_ptr<OpenNode> node, int flags, bool holds_lease,
+            std::string content, int64_t size, int64_t version)
+      : impl_(impl),
+        caller_(std::move(caller)),
+        node_(std::move(node)),
+        flags_(flags),
+        holds_lease_(holds_lease),
+        content_(std::move(content)),
+        size_(size),
+        version_(version) {
+    int acc = flags & O_ACCMODE;
+    can_read_ = acc == O_RDONLY || acc == O_RDWR;
+    can_write_ = acc == O_WRONLY || acc == O_RDWR;
+  }
+
+  ~StoreFile() override {
+    if (!can_write_) return;
+    std::lock_guard lock(node_->mu);
+    // close(2) normally flushed already; this is a handle dropped without a
+    // flush (a frontend going away): keep what was written.
+    if (auto ok = FlushLocked(Durability::kProcess); !ok) {
+      spdlog::warn("store: commit at release of {}: {}", node_->path,
+                   ok.error().ToString());
+    }
+    if (--node_->writers == 0 && node_->draft_fd >= 0) {
+      close(node_->draft_fd);
+      node_->draft_fd = -1;
+      node_->has_draft = false;
+      node_->last_write_ns = 0;
+    }
+  }
+
+  Result<size_t> Read(void* buf, size_t size, off_t offset) override {
+    if (!can_read_) return Fail(EBADF, "file not open for reading");
+    {
+      std::lock_guard lock(node_->mu);
+      if (node_->draft_fd >= 0) {
+        ssize_t n = pread(node_->draft_fd, buf, size, offset);
+        if (n < 0) return std::unexpected(vfs::FromErrno(errno, "read", ""));
+        return static_cast<size_t>(n);
+      }
+      if (node_->committed_version > version_) {
+        version_ = node_->committed_version;
+        content_ = node_->committed_content;
+        size_ = node_->committed_size;
+        blobs_.clear();
+      }
+    }
+    return ReadCommitted(static_cast<char*>(buf), size, offset);
+  }
+
+  Result<size_t> Write(const void* buf, size_t size, off_t offset) override {
+    if (!can_write_) return Fail(EBADF, "file not open for writing");
+    std::lock_guard lock(node_->mu);
+    TRY(EnsureLeaseLocked());
+    if (flags_ & O_APPEND) {
+      struct stat st;
+      if (fstat(node_->draft_fd, &st) != 0) {
+        return std::unexpected(vfs::FromErrno(errno, "stat draft", ""));
+      }
+      offset = st.st_size;
+    }
+    ssize_t n = pwrite(node_->draft_fd, buf, size, offset);
+    if (n < 0) return std::unexpected(vfs::FromErrno(errno, "write", ""));
+    node_->dirty = true;
+    node_->last_write_ns = NowNs();
+    return static_cast<size_t>(n);
+  }
+
+  Result<vfs::Attr> Stat() override {
+    vfs::Attr st{};
+    bool found = false;
+    TRY(impl_.engine_.Read([&](Txn& txn) -> Status {
+      TRY_ASSIGN(inode, LoadInode(txn, node_->ino));
+      if (inode) {
+        st = inode->ToAttr();
+        found = true;
+      }
+      return {};
+    }));
+    if (!found) return Fail(ENOENT, "the file was purged");
+    if (!node_->has_draft && !can_write_) {
+      // A reader sees the size of the content it reads.
+      std::lock_guard lock(node_->mu);
+      if (node_->committed_version <= version_) st.st_size = size_;
+    }
+    impl_.Overlay(caller_, st);
+    return st;
+  }
+
+  Status Truncate(off_t size) override {
+    if (!can_write_) return Fail(EINVAL, "file not open for writing");
+    std::lock_guard lock(node_->mu);
+    TRY(EnsureLeaseLocked());
+    if (ftruncate(node_->draft_fd, size) != 0) {
+      return std::unexpected(vfs::FromErrno(errno, "truncate", ""));
+    }
+    node_->dirty = true;
+    node_->last_write_ns = NowNs();
+    return {};
+  }
+
+  Status Sync(bool datasync) override {
+    (void)datasync;
+    if (can_write_) {
+      std::lock_guard lock(node_->mu);
+      if (node_->dirty || node_->created) {
+        return impl_.Commit(caller_, *node_, Durability::kFull, false);
+      }
+    }
+    return impl_.engine_.Barrier();
+  }
+
+  Status Flush() override {
+    if (!can_write_) return {};
+    std::lock_guard lock(node_->mu);
+    return FlushLocked(impl_.options_.commit_durability);
+  }
+
+  // Commits what this session wrote and ends this handle's hold on the
+  // lease (the lease itself ends with the last holder).
+  Status FlushLocked(Durability durability) {
+    Status result;
+    if (node_->dirty || node_->created) {
+      bool last = holds_lease_ && node_->lease_holders == 1;
+      result = impl_.Commit(caller_, *node_, durability, last);
+      if (result && last) {
+        holds_lease_ = false;
+        --node_->lease_holders;
+      }
+    }
+    if (holds_lease_) {
+      auto released = ReleaseLeaseLocked();
+      if (result && !released) result = released;
+    }
+    return result;
+  }
+
+  Status Chmod(mode_t mode) override { return SetAttr(&mode, nullptr, nullptr, nullptr); }
+  Status Chown(uid_t uid, gid_t gid) override {
+    return SetAttr(nullptr, &uid, &gid, nullptr);
+  }
+  Status Utimens(const struct timespec times[2]) override {
+    return SetAttr(nullptr, nullptr, nullptr, times);
+  }
+
+  // Changes attributes of the inode (it may have no name any more).
+  Status SetAttr(const mode_t* mode, const uid_t* uid, const gid_t* gid,
+                 const struct timespec* times) {
+    int64_t now = NowNs();
+    if (times != nullptr && times[1].tv_nsec != UTIME_OMIT) {
+      std::lock_guard lock(node_->mu);
+      node_->last_write_ns = 0;  // an explicit mtime wins over the write time
+    }
+    return impl_.engine_.Write(Durability::kProcess, [&](Txn& txn) -> Status {
+      TRY_ASSIGN(inode, LoadInode(txn, node_->ino));
+      if (!inode) return Fail(ENOENT, "the file was purged");
+      Inode n = *inode;
+      if (mode != nullptr) n.mode = *mode & 07777;
+      if (uid != nullptr && *uid != vfs::kKeepUid) n.uid = *uid;
+      if (gid != nullptr && *gid != vfs::kKeepGid) n.gid = *gid;
+      if (times != nullptr) {
+        auto pick = [now](const struct timespec& t, int64_t old) {
+          if (t.tv_nsec == UTIME_OMIT) return old;
+          if (t.tv_nsec == UTIME_NOW) return now;
+          return int64_t{t.tv_sec} * 1'000'000'000 + t.tv_nsec;
+        };
+        n.atime_ns = pick(times[0], n.atime_ns);
+        n.mtime_ns = pick(times[1], n.mtime_ns);
+      }
+      auto u = txn.Exec(
+          "UPDATE inodes SET mode = ?, uid = ?, gid = ?, atime_ns = ?, "
+          "mtime_ns = ?, ctime_ns = ? WHERE ino = ?",
+          {int64_t{n.mode}, n.uid, n.gid, n.atime_ns, n.mtime_ns, now, n.ino});
+      if (!u) return std::unexpected(u.error());
+      TRY_ASSIGN(path, AnyPath(txn, n.ino));
+      if (!path.empty()) TRY(RecordChange(txn, path, caller_.session, now));
+      return {};
+    });
+  }
+
+ private:
+  // Takes the lease again for a handle that flushed and writes once more.
+  Status EnsureLeaseLocked() {
+    if (holds_lease_) return {};
+    int64_t now = NowNs();
+    TRY(impl_.engine_.Write(Durability::kProcess, [&](Txn& txn) -> Status {
+      TRY_ASSIGN(inode, LoadInode(txn, node_->ino));
+      if (!inode) return Fail(ENOENT, "the file was purged");
+      TRY(impl_.CheckLease(txn, caller_, node_->ino, node_->path, now));
+      if (inode->version != node_->base_version && !node_->dirty) {
+        return Fail(ESTALE, node_->path +
+                                " was changed by another session since this "
+                                "session last wrote it; read it again");
+      }
+      return impl_.TakeLease(txn, caller_, node_->ino, now);
+    }));
+    holds_lease_ = true;
+    ++node_->lease_holders;
+    return {};
+  }
+
+  Status ReleaseLeaseLocked() {
+    holds_lease_ = false;
+    if (--node_->lease_holders > 0) return {};
+    return impl_.engine_.Write(Durability::kProcess, [&](Txn& txn) -> Status {
+      return impl_.DropLease(txn, caller_, node_->ino);
+    });
+  }
+
+  Result<size_t> ReadCommitted(char* buf, size_t size, off_t offset) {
+    if (offset >= size_ || content_.empty()) return size_t{0};
+    size = static_cast<size_t>(std::min<int64_t>(size, size_ - offset));
+    if (blobs_.empty()) {
+      TRY(impl_.engine_.Read([&](Txn& txn) -> Status {
+        auto rows = txn.Query(
+            "SELECT c.blob, COALESCE(b.size, 0) FROM chunks c "
+            "LEFT JOIN blobs b ON b.id = c.blob WHERE c.content = ? "
+            "ORDER BY c.seq",
+            {content_});
+        if (!rows) return std::unexpected(rows.error());
+        for (const auto& r : *rows) blobs_.emplace_back(AsInt(r[0]), AsInt(r[1]));
+        return {};
+      }));
+      if (blobs_.empty()) return Fail(EIO, "this content was purged");
+      if (blobs_.size() !=
+          static_cast<size_t>((size_ + kChunkSize - 1) / kChunkSize)) {
+        return Fail(EIO, "stored content of " + node_->path + " is incomplete");
+      }
+    }
+    size_t done = 0;
+    TRY(impl_.engine_.Read([&](Txn& txn) -> Status {
+      while (done < size) {
+        int64_t pos = offset + static_cast<int64_t>(done);
+        size_t idx = static_cast<size_t>(pos / static_cast<int64_t>(kChunkSize));
+        if (idx >= blobs_.size()) break;
+        size_t in = static_cast<size_t>(pos % static_cast<int64_t>(kChunkSize));
+        if (blobs_[idx].first == 0) {  // a hole
+          size_t chunk_end = std::min<int64_t>(
+              static_cast<int64_t>((idx + 1) * kChunkSize), size_);
+          size_t want = std::min(size - done,
+                                 chunk_end - static_cast<size_t>(pos));
+          memset(buf + done, 0, want);
+          done += want;
+          continue;
+        }
+        size_t want = std::min(size - done, static_cast<size_t>(blobs_[idx].second) - in);
+        auto n = txn.ReadBlob("blobs", "data", blobs_[idx].first, buf + done,
+                              want, in);
+        if (!n) return std::unexpected(n.error());
+        if (*n == 0) break;
+        done += *n;
+      }
+      return {};
+    }));
+    return done;
+  }
+
+  StoreBackend::Impl& impl_;
+  Caller caller_;
+  std::shared_ptr<OpenNode> node_;
+  int flags_;
+  bool can_read_ = false, can_write_ = false;
+  bool holds_lease_;
+  // What a read handle reads when its session has no draft.
+  std::string content_;
+  int64_t size_;
+  int64_t version_;
+  std::vector<std::pair<int64_t, int64_t>> blobs_;  // (blob id, size)
+};
+
+}  // namespace
+
+// --- StoreBackend ------------------------------------------------------
+
+StoreBackend::StoreBackend(std::unique_ptr<Engine> engine, StoreOptions options)
+    : engine_(std::move(engine)),
+      options_(options),
+      auth_(*engine_, options.auth_ttl),
+      impl_(std::make_unique<Impl>(*this, *engine_, auth_, options)) {}
+
+StoreBackend::~StoreBackend() = default;
+
+Result<std::unique_ptr<StoreBackend>> StoreBackend::Open(const std::string& name,
+                                                         StoreOptions options) {
+  TRY_ASSIGN(engine, Engine::Open(name, false));
+  return std::unique_ptr<StoreBackend>(
+      new StoreBackend(std::move(engine), options));
+}
+
+void StoreBackend::SetChangeListener(vfs::ChangeListener* listener) {
+  impl_->SetListener(listener);
+}
+
+namespace {
+
+std::string ParentOf(const std::string& path) {
+  auto slash = path.rfind('/');
+  return slash == 0 || slash == std::string::npos ? "/" : path.substr(0, slash);
+}
+
+int64_t OwnerUid(const Caller& c) { return c.uid ? *c.uid : geteuid(); }
+int64_t OwnerGid(const Caller& c) { return c.gid ? *c.gid : getegid(); }
+
+}  // namespace
+
+Result<vfs::Attr> StoreBackend::Stat(const Caller& c, const Path& path) {
+  TRY_ASSIGN(policy, impl_->PolicyOf(c));
+  TRY(Impl::NeedVisible(*policy, path.str()));
+  vfs::Attr st{};
+  TRY(engine_->Read([&](Txn& txn) -> Status {
+    TRY_ASSIGN(w, Walk(txn, path.str(), false));
+    if (!w.node) return Fail(ENOENT, "no such file or directory");
+    TRY(Impl::NeedVisible(*policy, w.path));
+    st = w.node->ToAttr();
+    return {};
+  }));
+  if (S_ISREG(st.st_mode)) impl_->Overlay(c, st);
+  return st;
+}
+
+Result<std::vector<vfs::DirEntry>> StoreBackend::ReadDir(const Caller& c,
+                                                          const Path& path) {
+  TRY_ASSIGN(policy, impl_->PolicyOf(c));
+  TRY(Impl::NeedVisible(*policy, path.str()));
+  std::vector<vfs::DirEntry> out;
+  TRY(engine_->Read([&](Txn& txn) -> Status {
+    TRY_ASSIGN(w, Walk(txn, path.str(), true));
+    if (!w.node) return Fail(ENOENT, "no such directory");
+    TRY(Impl::NeedVisible(*policy, w.path));
+    if (!w.node->IsDir()) return Fail(ENOTDIR, "not a directory");
+    auto rows = txn.Query(
+        "SELECT d.name, d.ino, i.kind FROM dentries d JOIN inodes i "
+        "ON i.ino = d.ino WHERE d.parent = ?",
+        {w.node->ino});
+    if (!rows) return std::unexpected(rows.error());
+    std::string base = w.path == "/" ? "" : w.path;
+    bool all = policy->LevelOf(w.path) >= Level::kRead;
+    out.reserve(rows->size());
+    for (auto& r : *rows) {
+      std::string name = AsText(r[0]);
+      if (!all && !policy->Visible(base + "/" + name)) continue;
+      out.push_back(vfs::DirEntry{std::move(name),
+                                  static_cast<uint64_t>(AsInt(r[1])),
+                                  static_cast<mode_t>(AsInt(r[2]))});
+    }
+    return {};
+  }));
+  return out;
+}
+
+Result<std::unique_ptr<vfs::FileHandle>> StoreBackend::Open(const Caller& c,
+                                                             const Path& path,
+                                                             int flags,
+                                                             mode_t mode) {
+  TRY_ASSIGN(policy, impl_->PolicyOf(c));
+  int acc = flags & O_ACCMODE;
+  bool writing = acc == O_WRONLY || acc == O_RDWR;
+  bool create = flags & O_CREAT;
+  // O_CREAT|O_EXCL never follows a final symlink (a dangling one occupies
+  // the name).
+  bool follow = !(flags & O_NOFOLLOW) && !(create && (flags & O_EXCL));
+  if (!policy->Visible(path.str()) &&
+      !(create && policy->Visible(path.Parent().str()))) {
+    return Fail(ENOENT, "no such file or directory");
+  }
+
+  if (!writing && !create && !(flags & O_TRUNC)) {
+    Inode inode;
+    std::string canon;
+    TRY(engine_->Read([&](Txn& txn) -> Status {
+      TRY_ASSIGN(w, Walk(txn, path.str(), follow));
+      if (!w.node) return Fail(ENOENT, "no such file or directory");
+      if (w.node->IsLink()) return Fail(ELOOP, "O_NOFOLLOW on a symlink");
+      TRY(Impl::NeedRead(*policy, w.path));
+      inode = *w.node;
+      canon = w.path;
+      return {};
+    }));
+    impl_->SetSeen(c.session, inode.ino, inode.version);
+    auto node = impl_->GetNode(c.session, inode.ino);
+    {
+      std::lock_guard lock(node->mu);
+      node->path = canon;
+    }
+    return std::unique_ptr<vfs::FileHandle>(
+        new StoreFile(*impl_, c, std::move(node), flags, false, inode.content,
+                      inode.size, inode.version));
+  }
+
+  // Writing (or creating): resolve, check, create if needed and take the
+  // lease in one transaction.
+  int64_t now = NowNs();
+  Inode inode;
+  std::string canon;
+  bool created = false;
+  TRY(engine_->Write(Durability::kProcess, [&](Txn& txn) -> Status {
+    TRY_ASSIGN(w, Walk(txn, path.str(), follow));
+    if (!w.node) {
+      if (!create) return Fail(ENOENT, "no such file or directory");
+      if (!w.parent) return Fail(EACCES, "cannot create the root");
+      TRY(Impl::NeedVisible(*policy, ParentOf(w.path)));
+      TRY(Impl::NeedCreate(*policy, w.path));
+      TRY_ASSIGN(n, CreateNode(txn, *w.parent, w.name, S_IFREG, mode & 07777,
+                               OwnerUid(c), OwnerGid(c), "", now));
+      inode = n;
+      created = true;
+      TRY(RecordChange(txn, w.path, c.session, now));
+    } else {
+      if (create && (flags & O_EXCL)) return Fail(EEXIST, "file exists");
+      if (w.node->IsLink()) return Fail(ELOOP, "O_NOFOLLOW on a symlink");
+      if (w.node->IsDir()) {
+        if (writing) return Fail(EISDIR, "is a directory");
+      }
+      if (!writing) {
+        // O_RDONLY|O_CREAT of an existing file, or O_RDONLY|O_TRUNC.
+        TRY(Impl::NeedRead(*policy, w.path));
+        inode = *w.node;
+        canon = w.path;
+        return {};
+      }
+      TRY(Impl::NeedWrite(*policy, w.path));
+      TRY(impl_->CheckLease(txn, c, w.node->ino, w.path, now));
+      auto existing = impl_->FindNode(c.session, w.node->ino);
+      if (!existing || !existing->has_draft) TRY(impl_->CheckStale(txn, c, *w.node, w.path));
+      inode = *w.node;
+    }
+    canon = w.path;
+    if (writing) return impl_->TakeLease(txn, c, inode.ino, now);
+    return {};
+  }));
+
+  if (!writing) {
+    impl_->SetSeen(c.session, inode.ino, inode.version);
+    auto node = impl_->GetNode(c.session, inode.ino);
+    return std::unique_ptr<vfs::FileHandle>(new StoreFile(
+        *impl_, c, std::move(node), flags, false, inode.content, inode.size,
+        inode.version));
+  }
+
+  auto node = impl_->GetNode(c.session, inode.ino);
+  std::unique_lock lock(node->mu);
+  node->path = canon;
+  ++node->lease_holders;
+  ++node->writers;
+  auto undo = [&](const vfs::Error& e) -> Result<std::unique_ptr<vfs::FileHandle>> {
+    --node->writers;
+    if (--node->lease_holders == 0) {
+      (void)engine_->Write(Durability::kProcess, [&](Txn& txn) -> Status {
+        return impl_->DropLease(txn, c, inode.ino);
+      });
+    }
+    return std::unexpected(e);
+  };
+  if (created) node->created = true;
+  if (node->draft_fd < 0) {
+    auto fd = NewDraftFile(impl_->scratch_);
+    if (!fd) return undo(fd.error());
+    node->draft_fd = *fd;
+    node->has_draft = true;
+    node->base_version = inode.version;
+    node->dirty = false;
+    node->last_write_ns = 0;
+    if (!(flags & O_TRUNC) && !created) {
+      if (auto ok = impl_->CopyContentTo(inode.content, node->draft_fd); !ok) {
+        close(node->draft_fd);
+        node->draft_fd = -1;
+        node->has_draft = false;
+        return undo(ok.error());
+      }
+    }
+  }
+  if (flags & O_TRUNC) {
+    if (ftruncate(node->draft_fd, 0) != 0) {
+      return undo(vfs::FromErrno(errno, "truncate", path.str()));
+    }
+    node->dirty = true;
+    node->last_write_ns = now;
+  }
+  impl_->SetSeen(c.session, inode.ino, node->base_version);
+  lock.unlock();
+  return std::unique_ptr<vfs::FileHandle>(new StoreFile(
+      *impl_, c, std::move(node), flags, true, inode.content, inode.size,
+      inode.version));
+}
+
+Status StoreBackend::Mkdir(const Caller& c, const Path& path, mode_t mode) {
+  TRY_ASSIGN(policy, impl_->PolicyOf(c));
+  TRY(Impl::NeedVisible(*policy, path.Parent().str()));
+  int64_t now = NowNs();
+  return engine_->Write(Durability::kProcess, [&](Txn& txn) -> Status {
+    TRY_ASSIGN(w, Walk(txn, path.str(), false));
+    if (!w.parent) return Fail(EEXIST, "exists");
+    TRY(Impl::NeedVisible(*policy, ParentOf(w.path)));
+    if (w.node && policy->Visible(w.path)) return Fail(EEXIST, "file exists");
+    TRY(Impl::NeedCreate(*policy, w.path));
+    if (w.node) return Fail(EEXIST, "file exists");
+    TRY_ASSIGN(n, CreateNode(txn, *w.parent, w.name, S_IFDIR, mode & 07777,
+                             OwnerUid(c), OwnerGid(c), "", now));
+    (void)n;
+    return RecordChange(txn, w.path, c.session, now);
+  });
+}
+
+Status StoreBackend::Symlink(const Caller& c, const std::string& target,
+                             const Path& link) {
+  TRY_ASSIGN(policy, impl_->PolicyOf(c));
+  TRY(Impl::NeedVisible(*policy, link.Parent().str()));
+  if (target.empty()) return Fail(ENOENT, "empty symlink target");
+  if (target.size() >= PATH_MAX) return Fail(ENAMETOOLONG, "target too long");
+  int64_t now = NowNs();
+  return engine_->Write(Durability::kProcess, [&](Txn& txn) -> Status {
+    TRY_ASSIGN(w, Walk(txn, link.str(), false));
+    if (!w.parent) return Fail(EEXIST, "exists");
+    if (w.node && policy->Visible(w.path)) return Fail(EEXIST, "file exists");
+    TRY(Impl::NeedCreate(*policy, w.path));
+    if (w.node) return Fail(EEXIST, "file exists");
+    TRY_ASSIGN(n, CreateNode(txn, *w.parent, w.name, S_IFLNK, 0777,
+                             OwnerUid(c), OwnerGid(c), target, now));
+    (void)n;
+    return RecordChange(txn, w.path, c.session, now);
+  });
+}
+
+Result<std::string> StoreBackend::Readlink(const Caller& c, const Path& path) {
+  TRY_ASSIGN(policy, impl_->PolicyOf(c));
+  TRY(Impl::NeedVisible(*policy, path.str()));
+  std::string target;
+  TRY(engine_->Read([&](Txn& txn) -> Status {
+    TRY_ASSIGN(w, Walk(txn, path.str(), false));
+    if (!w.node) return Fail(ENOENT, "no such file");
+    TRY(Impl::NeedRead(*policy, w.path));
+    if (!w.node->IsLink()) return Fail(EINVAL, "not a symlink");
+    target = w.node->target;
+    return {};
+  }));
+  return target;
+}
+
+namespace {
+
+// Removes the entry (parent, name) of `node`; the last name of a file makes
+// a tombstone version so the file stays recoverable.
+Status RemoveName(Txn& txn, const Caller& c, const Inode& parent,
+                  const std::string& name, const Inode& node,
+                  const std::string& path, int64_t now) {
+  auto d = txn.Exec("DELETE FROM dentries WHERE parent = ? AND name = ?",
+                    {parent.ino, name});
+  if (!d) return std::unexpected(d.error());
+  TRY(TouchDir(txn, parent.ino, now));
+  if (node.IsDir()) {
+    auto del = txn.Exec("DELETE FROM inodes WHERE ino = ?", {node.ino});
+    if (!del) return std::unexpected(del.error());
+    auto up = txn.Exec("UPDATE inodes SET nlink = nlink - 1 WHERE ino = ?",
+                       {parent.ino});
+    if (!up) return std::unexpected(up.error());
+    return {};
+  }
+  if (node.nlink > 1) {
+    auto up = txn.Exec(
+        "UPDATE inodes SET nlink = nlink - 1, ctime_ns = ? WHERE ino = ?",
+        {now, node.ino});
+    if (!up) return std::unexpected(up.error());
+    return {};
+  }
+  if (node.IsLink()) {
+    auto del = txn.Exec("DELETE FROM inodes WHERE ino = ?", {node.ino});
+    if (!del) return std::unexpected(del.error());
+    return {};
+  }
+  auto up = txn.Exec(
+      "UPDATE inodes SET nlink = 0, ctime_ns = ?, deleted_ns = ? WHERE ino = ?",
+      {now, now, node.ino});
+  if (!up) return std::unexpected(up.error());
+  auto maxn = txn.Query("SELECT COALESCE(MAX(n), 0) FROM versions WHERE ino = ?",
+                        {node.ino});
+  if (!maxn) return std::unexpected(maxn.error());
+  auto v = txn.Exec(
+      "INSERT INTO versions(ino, n, path, author, session, time_ns, size, "
+      "content, mode, deleted) VALUES(?, ?, ?, ?, ?, ?, 0, NULL, ?, 1)",
+      {node.ino, AsInt((*maxn)[0][0]) + 1, path, c.user, c.session, now,
+       int64_t{node.mode}});
+  if (!v) return std::unexpected(v.error());
+  return {};
+}
+
+}  // namespace
+
+Status StoreBackend::Unlink(const Caller& c, const Path& path) {
+  TRY_ASSIGN(policy, impl_->PolicyOf(c));
+  TRY(Impl::NeedVisible(*policy, path.str()));
+  int64_t now = NowNs();
+  return engine_->Write(Durability::kProcess, [&](Txn& txn) -> Status {
+    TRY_ASSIGN(w, Walk(txn, path.str(), false));
+    if (!w.node) return Fail(ENOENT, "no such file");
+    TRY(Impl::NeedWrite(*policy, w.path));
+    if (w.node->IsDir()) return Fail(EISDIR, "is a directory; use rmdir");
+    if (!w.node->IsLink()) {
+      TRY(impl_->CheckLease(txn, c, w.node->ino, w.path, now));
+      TRY(impl_->CheckStale(txn, c, *w.node, w.path));
+    }
+    TRY(RemoveName(txn, c, *w.parent, w.name, *w.node, w.path, now));
+    return RecordChange(txn, w.path, c.session, now);
+  });
+}
+
+Status StoreBackend::Rmdir(const Caller& c, const Path& path) {
+  TRY_ASSIGN(policy, impl_->PolicyOf(c));
+  TRY(Impl::NeedVisible(*policy, path.str()));
+  int64_t now = NowNs();
+  return engine_->Write(Durability::kProcess, [&](Txn& txn) -> Status {
+    TRY_ASSIGN(w, Walk(txn, path.str(), false));
+    if (!w.node) return Fail(ENOENT, "no such directory");
+    if (!w.parent) return Fail(EBUSY, "the root cannot be removed");
+    TRY(Impl::NeedWrite(*policy, w.path));
+    if (!w.node->IsDir()) return Fail(ENOTDIR, "not a directory");
+    auto any = txn.Query("SELECT 1 FROM dentries WHERE parent = ? LIMIT 1",
+                         {w.node->ino});
+    if (!any) return std::unexpected(any.error());
+    if (!any->empty()) return Fail(ENOTEMPTY, "directory not empty");
+    TRY(RemoveName(txn, c, *w.parent, w.name, *w.node, w.path, now));
+    return RecordChange(txn, w.path, c.session, now);
+  });
+}
+
+Status StoreBackend::Link(const Caller& c, const Path& from, const Path& to) {
+  TRY_ASSIGN(policy, impl_->PolicyOf(c));
+  TRY(Impl::NeedVisible(*policy, from.str()));
+  TRY(Impl::NeedVisible(*policy, to.Parent().str()));
+  int64_t now = NowNs();
+  return engine_->Write(Durability::kProcess, [&](Txn& txn) -> Status {
+    TRY_ASSIGN(src, Walk(txn, from.str(), false));
+    if (!src.node) return Fail(ENOENT, "no such file");
+    TRY(Impl::NeedWrite(*policy, src.path));
+    if (src.node->IsDir()) return Fail(EPERM, "cannot hard-link a directory");
+    TRY_ASSIGN(dst, Walk(txn, to.str(), false));
+    if (!dst.parent) return Fail(EEXIST, "exists");
+    if (dst.node && policy->Visible(dst.path)) return Fail(EEXIST, "file exists");
+    TRY(Impl::NeedCreate(*policy, dst.path));
+    if (dst.node) return Fail(EEXIST, "file exists");
+    auto d = txn.Exec("INSERT INTO dentries(parent, name, ino) VALUES(?, ?, ?)",
+                      {dst.parent->ino, dst.name, src.node->ino});
+    if (!d) return std::unexpected(d.error());
+    auto up = txn.Exec(
+        "UPDATE inodes SET nlink = nlink + 1, ctime_ns = ? WHERE ino = ?",
+        {now, src.node->ino});
+    if (!up) return std::unexpected(up.error());
+    TRY(TouchDir(txn, dst.parent->ino, now));
+    return RecordChange(txn, dst.path, c.session, now);
+  });
+}
+
+Status StoreBackend::Rename(const Caller& c, const Path& from, const Path& to,
+                            unsigned flags) {
+  TRY_ASSIGN(policy, impl_->PolicyOf(c));
+  TRY(Impl::NeedVisible(*policy, from.str()));
+  TRY(Impl::NeedVisible(*policy, to.Parent().str()));
+  if ((flags & RENAME_NOREPLACE) && (flags & RENAME_EXCHANGE)) {
+    return Fail(EINVAL, "RENAME_NOREPLACE with RENAME_EXCHANGE");
+  }
+  if (flags & ~(RENAME_NOREPLACE | RENAME_EXCHANGE)) {
+    return Fail(EINVAL, "unsupported rename flags");
+  }
+  int64_t now = NowNs();
+  return engine_->Write(Durability::kProcess, [&](Txn& txn) -> Status {
+    TRY_ASSIGN(src, Walk(txn, from.str(), false));
+    if (!src.node) return Fail(ENOENT, "no such file or directory");
+    if (!src.parent) return Fail(EBUSY, "the root cannot be renamed");
+    TRY(Impl::NeedWrite(*policy, src.path));
+    TRY_ASSIGN(dst, Walk(txn, to.str(), false));
+    if (!dst.parent) return Fail(EBUSY, "the root cannot be replaced");
+    TRY(Impl::NeedCreate(*policy, dst.path));
+    if (src.node->ino == (dst.node ? dst.node->ino : -1)) return {};
+    // A directory may not move below itself.
+    if (src.node->IsDir()) {
+      int64_t cur = dst.parent->ino;
+      for (int depth = 0; cur != kRootIno && depth < 4096; ++depth) {
+        if (cur == src.node->ino) {
+          return Fail(EINVAL, "cannot move a directory into itself");
+        }
+        auto up = txn.Query("SELECT parent FROM dentries WHERE ino = ? LIMIT 1",
+                            {cur});
+        if (!up) return std::unexpected(up.error());
+        if (up->empty()) break;
+        cur = AsInt((*up)[0][0]);
+      }
+    }
+    if (flags & RENAME_EXCHANGE) {
+      if (!dst.node) return Fail(ENOENT, "no such file or directory");
+      if (dst.node->IsDir()) {
+        int64_t cur = src.parent->ino;
+        for (int depth = 0; cur != kRootIno && depth < 4096; ++depth) {
+          if (cur == dst.node->ino) {
+            return Fail(EINVAL, "cannot move a directory into itself");
+          }
+          auto up = txn.Query(
+              "SELECT parent FROM dentries WHERE ino = ? LIMIT 1", {cur});
+          if (!up) return std::unexpected(up.error());
+          if (up->empty()) break;
+          cur = AsInt((*up)[0][0]);
+        }
+      }
+      auto a = txn.Exec("UPDATE dentries SET ino = ? WHERE parent = ? AND name = ?",
+                        {dst.node->ino, src.parent->ino, src.name});
+      auto b = txn.Exec("UPDATE dentries SET ino = ? WHERE parent = ? AND name = ?",
+                        {src.node->ino, dst.parent->ino, dst.name});
+      if (!a) return std::unexpected(a.error());
+      if (!b) return std::unexpected(b.error());
+      if (src.node->IsDir() != dst.node->IsDir() &&
+          src.parent->ino != dst.parent->ino) {
+        int64_t delta = src.node->IsDir() ? 1 : -1;
+        auto p1 = txn.Exec("UPDATE inodes SET nlink = nlink - ? WHERE ino = ?",
+                           {delta, src.parent->ino});
+        auto p2 = txn.Exec("UPDATE inodes SET nlink = nlink + ? WHERE ino = ?",
+                           {delta, dst.parent->ino});
+        if (!p1) return std::unexpected(p1.error());
+        if (!p2) return std::unexpected(p2.error());
+      }
+    } else {
+      if (dst.node) {
+        if (flags & RENAME_NOREPLACE) return Fail(EEXIST, "file exists");
+        if (src.node->IsDir() && !dst.node->IsDir()) {
+          return Fail(ENOTDIR, "cannot replace a file with a directory");
+        }
+        if (!src.node->IsDir() && dst.node->IsDir()) {
+          return Fail(EISDIR, "cannot replace a directory with a file");
+        }
+        if (dst.node->IsDir()) {
+          auto any = txn.Query("SELECT 1 FROM dentries WHERE parent = ? LIMIT 1",
+                               {dst.node->ino});
+          if (!any) return std::unexpected(any.error());
+          if (!any->empty()) return Fail(ENOTEMPTY, "directory not empty");
+        } else if (!dst.node->IsLink()) {
+          TRY(impl_->CheckLease(txn, c, dst.node->ino, dst.path, now));
+          TRY(impl_->CheckStale(txn, c, *dst.node, dst.path));
+        }
+        TRY(RemoveName(txn, c, *dst.parent, dst.name, *dst.node, dst.path, now));
+      }
+      auto del = txn.Exec("DELETE FROM dentries WHERE parent = ? AND name = ?",
+                          {src.parent->ino, src.name});
+      if (!del) return std::unexpected(del.error());
+      auto ins = txn.Exec("INSERT INTO dentries(parent, name, ino) VALUES(?, ?, ?)",
+                          {dst.parent->ino, dst.name, src.node->ino});
+      if (!ins) return std::unexpected(ins.error());
+      if (src.node->IsDir() && src.parent->ino != dst.parent->ino) {
+        auto p1 = txn.Exec("UPDATE inodes SET nlink = nlink - 1 WHERE ino = ?",
+                           {src.parent->ino});
+        auto p2 = txn.Exec("UPDATE inodes SET nlink = nlink + 1 WHERE ino = ?",
+                           {dst.parent->ino});
+        if (!p1) return std::unexpected(p1.error());
+        if (!p2) return std::unexpected(p2.error());
+      }
+    }
+    auto ct = txn.Exec("UPDATE inodes SET ctime_ns = ? WHERE ino = ?",
+                       {now, src.node->ino});
+    if (!ct) return std::unexpected(ct.error());
+    TRY(TouchDir(txn, src.parent->ino, now));
+    TRY(TouchDir(txn, dst.parent->ino, now));
+    TRY(RecordChange(txn, src.path, c.session, now));
+    return RecordChange(txn, dst.path, c.session, now);
+  });
+}
+
+namespace {
+
+struct AttrChange {
+  std::optional<mode_t> mode;
+  std::optional<uid_t> uid;
+  std::optional<gid_t> gid;
+  const struct timespec* times = nullptr;
+};
+
+}  // namespace
+
+static Status ChangeAttrs(StoreBackend::Impl& impl, Engine& engine,
+                          const Caller& c, const Path& path, bool follow,
+                          const AttrChange& change) {
+  TRY_ASSIGN(policy, impl.PolicyOf(c));
+  TRY(StoreBackend::Impl::NeedVisible(*policy, path.str()));
+  int64_t now = NowNs();
+  int64_t ino = 0;
+  TRY(engine.Write(Durability::kProcess, [&](Txn& txn) -> Status {
+    TRY_ASSIGN(w, Walk(txn, path.str(), follow));
+    if (!w.node) return Fail(ENOENT, "no such file or directory");
+    TRY(StoreBackend::Impl::NeedWrite(*policy, w.path));
+    Inode n = *w.node;
+    if (change.mode) {
+      if (n.IsLink()) return Fail(EOPNOTSUPP, "symlinks have no mode");
+      n.mode = *change.mode & 07777;
+    }
+    if (change.uid && *change.uid != vfs::kKeepUid) n.uid = *change.uid;
+    if (change.gid && *change.gid != vfs::kKeepGid) n.gid = *change.gid;
+    if (change.times != nullptr) {
+      auto pick = [now](const struct timespec& t, int64_t old) {
+        if (t.tv_nsec == UTIME_OMIT) return old;
+        if (t.tv_nsec == UTIME_NOW) return now;
+        return int64_t{t.tv_sec} * 1'000'000'000 + t.tv_nsec;
+      };
+      n.atime_ns = pick(change.times[0], n.atime_ns);
+      n.mtime_ns = pick(change.times[1], n.mtime_ns);
+    }
+    auto u = txn.Exec(
+        "UPDATE inodes SET mode = ?, uid = ?, gid = ?, atime_ns = ?, "
+        "mtime_ns = ?, ctime_ns = ? WHERE ino = ?",
+        {int64_t{n.mode}, n.uid, n.gid, n.atime_ns, n.mtime_ns, now, n.ino});
+    if (!u) return std::unexpected(u.error());
+    ino = n.ino;
+    return RecordChange(txn, w.path, c.session, now);
+  }));
+  if (change.times != nullptr && change.times[1].tv_nsec != UTIME_OMIT) {
+    if (auto node = impl.FindNode(c.session, ino)) {
+      std::lock_guard lock(node->mu);
+      node->last_write_ns = 0;
+    }
+  }
+  return {};
+}
+
+Status StoreBackend::Chmod(const Caller& c, const Path& path, mode_t mode) {
+  AttrChange ch;
+  ch.mode = mode;
+  return ChangeAttrs(*impl_, *engine_, c, path, false, ch);
+}
+
+Status StoreBackend::Chown(const Caller& c, const Path& path, uid_t uid,
+                           gid_t gid) {
+  AttrChange ch;
+  ch.uid = uid;
+  ch.gid = gid;
+  return ChangeAttrs(*impl_, *engine_, c, path, false, ch);
+}
+
+Status StoreBackend::Utimens(const Caller& c, const Path& path,
+                             const struct timespec times[2]) {
+  AttrChange ch;
+  ch.times = times;
+  return ChangeAttrs(*impl_, *engine_, c, path, false, ch);
+}
+
+Status StoreBackend::Truncate(const Caller& c, const Path& path, off_t size) {
+  if (size < 0) return Fail(EINVAL, "negative size");
+  TRY_ASSIGN(file, Open(c, path, O_WRONLY, 0));
+  TRY(file->Truncate(size));
+  return file->Flush();
+}
+
+Result<struct statvfs> StoreBackend::StatFs(const Caller& c, const Path& path) {
+  TRY_ASSIGN(policy, impl_->PolicyOf(c));
+  (void)policy;
+  (void)path;
+  struct statvfs st {};
+  if (statvfs(impl_->scratch_.c_str(), &st) != 0) {
+    return std::unexpected(vfs::FromErrno(errno, "statfs", impl_->scratch_));
+  }
+  st.f_namemax = NAME_MAX;
+  return st;
+}
+
+}  // namespace agentvfs::store
+
+// --- History -----------------------------------------------------------
+
+namespace agentvfs::store {
+namespace {
+
+VersionInfo VersionFromRow(const Row& r) {
+  VersionInfo v;
+  v.n = AsInt(r[0]);
+  v.path = AsText(r[1]);
+  v.author = AsText(r[2]);
+  v.session = AsText(r[3]);
+  v.time_ns = AsInt(r[4]);
+  v.size = AsInt(r[5]);
+  v.content_hash = AsText(r[6]);
+  v.mode = static_cast<mode_t>(AsInt(r[7]));
+  v.deleted = AsInt(r[8]) != 0;
+  return v;
+}
+
+constexpr const char* kVersionColumns =
+    "n, path, author, session, time_ns, size, content, mode, deleted";
+
+// The file at `path` now, or else the last file that had that path.
+Result<int64_t> FileOfPath(Txn& txn, const std::string& path,
+                           std::string* canon) {
+  TRY_ASSIGN(w, Walk(txn, path, false));
+  if (w.node) {
+    if (w.node->IsDir()) return Fail(EISDIR, path + " is a directory");
+    if (w.node->IsLink()) return Fail(EINVAL, path + " is a symlink");
+    *canon = w.path;
+    return w.node->ino;
+  }
+  auto rows = txn.Query(
+      "SELECT ino FROM versions WHERE path = ? ORDER BY time_ns DESC LIMIT 1",
+      {path});
+  if (!rows) return std::unexpected(rows.error());
+  if (rows->empty()) return Fail(ENOENT, "no file has ever been at " + path);
+  *canon = path;
+  return AsInt((*rows)[0][0]);
+}
+
+}  // namespace
+
+Result<std::vector<VersionInfo>> StoreBackend::History(const Caller& c,
+                                                       const Path& path) {
+  TRY_ASSIGN(policy, impl_->PolicyOf(c));
+  TRY(Impl::NeedRead(*policy, path.str()));
+  std::vector<VersionInfo> out;
+  TRY(engine_->Read([&](Txn& txn) -> Status {
+    std::string canon;
+    TRY_ASSIGN(ino, FileOfPath(txn, path.str(), &canon));
+    TRY(Impl::NeedRead(*policy, canon));
+    auto rows = txn.Query(std::string("SELECT ") + kVersionColumns +
+                              " FROM versions WHERE ino = ? ORDER BY n",
+                          {ino});
+    if (!rows) return std::unexpected(rows.error());
+    for (const auto& r : *rows) out.push_back(VersionFromRow(r));
+    return {};
+  }));
+  return out;
+}
+
+Result<std::unique_ptr<vfs::FileHandle>> StoreBackend::OpenVersion(
+    const Caller& c, const Path& path, int64_t n) {
+  TRY_ASSIGN(policy, impl_->PolicyOf(c));
+  TRY(Impl::NeedRead(*policy, path.str()));
+  VersionInfo v;
+  int64_t ino = 0;
+  TRY(engine_->Read([&](Txn& txn) -> Status {
+    std::string canon;
+    TRY_ASSIGN(found, FileOfPath(txn, path.str(), &canon));
+    TRY(Impl::NeedRead(*policy, canon));
+    ino = found;
+    auto rows = txn.Query(std::string("SELECT ") + kVersionColumns +
+                              " FROM versions WHERE ino = ? AND n = ?",
+                          {ino, n});
+    if (!rows) return std::unexpected(rows.error());
+    if (rows->empty()) {
+      return Fail(ENOENT, path.str() + " has no version " + std::to_string(n) +
+                              "; `agentvfs history` lists them");
+    }
+    v = VersionFromRow((*rows)[0]);
+    return {};
+  }));
+  if (v.deleted) {
+    return Fail(ENOENT, "version " + std::to_string(n) + " of " + path.str() +
+                            " is its deletion; pick an earlier version");
+  }
+  // A node of its own, so the reads never see a draft.
+  auto node = std::make_shared<OpenNode>();
+  node->ino = ino;
+  node->path = v.path;
+  return std::unique_ptr<vfs::FileHandle>(new StoreFile(
+      *impl_, c, std::move(node), O_RDONLY, false, v.content_hash, v.size, n));
+}
+
+Result<VersionInfo> StoreBackend::Restore(const Caller& c, const Path& path,
+                                          int64_t n) {
+  TRY_ASSIGN(policy, impl_->PolicyOf(c));
+  TRY_ASSIGN(old, OpenVersion(c, path, n));
+  TRY(Impl::NeedWrite(*policy, path.str()));
+  mode_t mode = 0644;
+  TRY(engine_->Read([&](Txn& txn) -> Status {
+    std::string canon;
+    TRY_ASSIGN(ino, FileOfPath(txn, path.str(), &canon));
+    auto rows = txn.Query("SELECT mode FROM versions WHERE ino = ? AND n = ?",
+                          {ino, n});
+    if (!rows) return std::unexpected(rows.error());
+    if (!rows->empty()) mode = static_cast<mode_t>(AsInt((*rows)[0][0]));
+    return {};
+  }));
+  // Parents of a deleted file may be gone too.
+  TRY(engine_->Write(Durability::kProcess, [&](Txn& txn) -> Status {
+    return MakeDirs(txn, path.Parent().str(), NowNs());
+  }));
+  // The restorer has just looked at the history: what it restores over is
+  // what it saw.
+  TRY(engine_->Read([&](Txn& txn) -> Status {
+    TRY_ASSIGN(w, Walk(txn, path.str(), false));
+    if (w.node) impl_->SetSeen(c.session, w.node->ino, w.node->version);
+    return {};
+  }));
+  TRY_ASSIGN(file, Open(c, path, O_WRONLY | O_CREAT | O_TRUNC, mode & 07777));
+  std::string buf(kChunkSize, '\0');
+  off_t off = 0;
+  while (true) {
+    TRY_ASSIGN(got, old->Read(buf.data(), buf.size(), off));
+    if (got == 0) break;
+    TRY_ASSIGN(put, file->Write(buf.data(), got, off));
+    if (put != got) return Fail(EIO, "short write while restoring");
+    off += static_cast<off_t>(got);
+  }
+  TRY(file->Chmod(mode & 07777));
+  TRY(file->Flush());
+  file.reset();
+  TRY_ASSIGN(history, History(c, path));
+  if (history.empty()) return Fail(EIO, "restore left no version");
+  return history.back();
+}
+
+Result<PurgeReport> StoreBackend::Purge(const Caller& c, const Path& path,
+                                        bool keep_current) {
+  TRY_ASSIGN(policy, impl_->PolicyOf(c));
+  if (policy->LevelOf(path.str()) < Level::kAdmin) {
+    TRY(Impl::NeedVisible(*policy, path.str()));
+    return Fail(EACCES, "purging needs admin on " + path.str());
+  }
+  PurgeReport report;
+  int64_t now = NowNs();
+  TRY(engine_->Write(Durability::kFull, [&](Txn& txn) -> Status {
+    std::string canon;
+    TRY_ASSIGN(ino, FileOfPath(txn, path.str(), &canon));
+    TRY_ASSIGN(inode, LoadInode(txn, ino));
+    std::vector<std::string> hashes;
+    auto old = txn.Query(
+        keep_current
+            ? "SELECT DISTINCT content FROM versions WHERE ino = ? AND n < ? "
+              "AND content IS NOT NULL"
+            : "SELECT DISTINCT content FROM versions WHERE ino = ? AND ? >= 0 "
+              "AND content IS NOT NULL",
+        {ino, inode ? inode->version : int64_t{0}});
+    if (!old) return std::unexpected(old.error());
+    for (const auto& r : *old) hashes.push_back(AsText(r[0]));
+    auto del = txn.Exec(keep_current
+                            ? "DELETE FROM versions WHERE ino = ? AND n < ?"
+                            : "DELETE FROM versions WHERE ino = ? AND ? >= 0",
+                        {ino, inode ? inode->version : int64_t{0}});
+    if (!del) return std::unexpected(del.error());
+    report.versions = *del;
+    if (!keep_current && inode) {
+      if (!inode->content.empty()) hashes.push_back(inode->content);
+      auto names = txn.Query("SELECT parent, name FROM dentries WHERE ino = ?",
+                             {ino});
+      if (!names) return std::unexpected(names.error());
+      for (const auto& r : *names) {
+        auto d = txn.Exec("DELETE FROM dentries WHERE parent = ? AND name = ?",
+                          {AsInt(r[0]), AsText(r[1])});
+        if (!d) return std::unexpected(d.error());
+        TRY(TouchDir(txn, AsInt(r[0]), now));
+      }
+      auto di = txn.Exec("DELETE FROM inodes WHERE ino = ?", {ino});
+      if (!di) return std::unexpected(di.error());
+      auto dl = txn.Exec("DELETE FROM leases WHERE ino = ?", {ino});
+      if (!dl) return std::unexpected(dl.error());
+      report.files = 1;
+      TRY(RecordChange(txn, canon, c.session, now));
+    }
+    // Content nobody refers to any more goes, and chunks nobody shares.
+    for (const auto& h : hashes) {
+      auto used = txn.Query(
+          "SELECT 1 FROM versions WHERE content = ? UNION ALL "
+          "SELECT 1 FROM inodes WHERE content = ? LIMIT 1",
+          {h, h});
+      if (!used) return std::unexpected(used.error());
+      if (!used->empty()) continue;
+      auto blobs = txn.Query("SELECT DISTINCT blob FROM chunks WHERE content = ?",
+                             {h});
+      if (!blobs) return std::unexpected(blobs.error());
+      auto dc = txn.Exec("DELETE FROM chunks WHERE content = ?", {h});
+      if (!dc) return std::unexpected(dc.error());
+      auto dd = txn.Exec("DELETE FROM contents WHERE hash = ?", {h});
+      if (!dd) return std::unexpected(dd.error());
+      for (const auto& b : *blobs) {
+        int64_t id = AsInt(b[0]);
+        auto shared = txn.Query("SELECT 1 FROM chunks WHERE blob = ? LIMIT 1",
+                                {id});
+        if (!shared) return std::unexpected(shared.error());
+        if (!shared->empty()) continue;
+        auto sz = txn.Query("SELECT size FROM blobs WHERE id = ?", {id});
+        if (sz && !sz->empty()) report.bytes += AsInt((*sz)[0][0]);
+        auto db = txn.Exec("DELETE FROM blobs WHERE id = ?", {id});
+        if (!db) return std::unexpected(db.error());
+        report.blobs += *db;
+      }
+    }
+    return {};
+  }));
+  TRY(engine_->Compact());
+  return report;
+}
+
+}  // namespace agentvfs::store
