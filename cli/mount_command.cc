@@ -1,5 +1,6 @@
-// `agentvfs mount --workspace DIR MOUNTPOINT`: the routed view (today
-// /workspace; /memories and /skills come with the store) served over FUSE.
+// `agentvfs mount [--workspace DIR] [--store STORE] MOUNTPOINT`: the routed
+// view (/workspace from a host directory; /memories and /skills from the
+// store, as the user whose token is given) served over FUSE.
 #include "cli/mount_command.h"
 
 #include <spdlog/spdlog.h>
@@ -9,6 +10,7 @@
 #include <memory>
 
 #include "backends/local_dir/local_dir.h"
+#include "cli/store_access.h"
 #include "router/router.h"
 #include "vfs/fuse/fuse_frontend.h"
 
@@ -17,6 +19,8 @@ namespace {
 
 struct MountArgs {
   std::string workspace;
+  StoreFlags store;
+  bool with_store = false;
   std::string mountpoint;
   bool background = false;
   bool allow_other = false;
@@ -30,15 +34,37 @@ struct MountArgs {
 
 int RunMount(const MountArgs& a) {
   auto router = std::make_unique<router::Router>();
-  auto ws = backends::LocalDirBackend::Open(a.workspace);
-  if (!ws) {
-    std::cerr << "agentvfs mount: " << ws.error().message << "\n";
-    return 2;
+  vfs::Caller identity;
+  if (!a.workspace.empty()) {
+    auto ws = backends::LocalDirBackend::Open(a.workspace);
+    if (!ws) {
+      std::cerr << "agentvfs mount: " << ws.error().message << "\n";
+      return 2;
+    }
+    vfs::Backend* ws_backend = router->Adopt(std::move(*ws));
+    if (auto ok = router->Mount("/workspace", ws_backend); !ok) {
+      std::cerr << "agentvfs mount: " << ok.error().message << "\n";
+      return 2;
+    }
   }
-  vfs::Backend* ws_backend = router->Adopt(std::move(*ws));
-  if (auto ok = router->Mount("/workspace", ws_backend); !ok) {
-    std::cerr << "agentvfs mount: " << ok.error().message << "\n";
-    return 2;
+  bool with_store = a.with_store || !a.store.store.empty() ||
+                    std::getenv("AGENTVFS_STORE") != nullptr ||
+                    a.workspace.empty();
+  if (with_store) {
+    // A wrong token or a missing store mounts nothing.
+    auto session = OpenStoreAsUser(a.store, "mount");
+    if (!session) return Report("mount", session.error());
+    identity = session->caller;
+    vfs::Backend* store = router->Adopt(std::move(session->backend));
+    router::MountOptions full_paths;
+    full_paths.strip_prefix = false;
+    for (const char* prefix : {"/memories", "/skills"}) {
+      if (auto ok = router->Mount(prefix, store, full_paths); !ok) {
+        return Report("mount", ok.error());
+      }
+    }
+    spdlog::info("serving the store as user '{}' (session {})", identity.user,
+                 identity.session);
   }
 
   fuse::FuseOptions options;
@@ -51,6 +77,7 @@ int RunMount(const MountArgs& a) {
   options.threads = a.threads;
   options.poll_micros = a.poll_us;
   options.xattrs = a.xattrs;
+  options.identity = identity;
   // The kernel already applied the calling process's umask to every mode it
   // sends; the daemon must not apply its own on top.
   umask(0);
@@ -69,8 +96,9 @@ int RunMount(const MountArgs& a) {
       return 1;
     }
   } else {
-    spdlog::info("mounted {} at {} (Ctrl-C or `fusermount3 -u {}` to unmount)",
-                 a.workspace, a.mountpoint, a.mountpoint);
+    spdlog::info("mounted the view at {} (Ctrl-C or `fusermount3 -u {}` to "
+                 "unmount)",
+                 a.mountpoint, a.mountpoint);
   }
   auto ran = (*server)->Run();
   (*server)->Unmount();
@@ -86,11 +114,15 @@ int RunMount(const MountArgs& a) {
 void AddMountCommand(CLI::App& app, int* exit_code) {
   auto args = std::make_shared<MountArgs>();
   auto* cmd = app.add_subcommand(
-      "mount", "Mount the routed view (/workspace, ...) with FUSE");
+      "mount",
+      "Mount the routed view (/workspace, /memories, /skills) with FUSE");
   cmd->add_option("--workspace", args->workspace,
                   "Host directory served as /workspace")
-      ->required()
       ->check(CLI::ExistingDirectory);
+  AddStoreFlags(cmd, &args->store);
+  cmd->add_flag("--with-store", args->with_store,
+                "Serve /memories and /skills from the store named by "
+                "$AGENTVFS_STORE or the config file (implied by --store)");
   cmd->add_option("mountpoint", args->mountpoint,
                   "Empty directory to mount the view on")
       ->required();

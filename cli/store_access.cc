@@ -1,0 +1,108 @@
+// Store name, token and identity resolution for the commands (store_access.h).
+#include "cli/store_access.h"
+
+#include <openssl/rand.h>
+#include <yaml-cpp/yaml.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <sstream>
+
+namespace agentvfs::cli {
+
+void AddStoreFlags(CLI::App* cmd, StoreFlags* flags, bool with_token) {
+  cmd->add_option("--store", flags->store,
+                  "The store: a SQLite file (default: $AGENTVFS_STORE, or "
+                  "`store:` in ~/.config/agentvfs/config.yaml)");
+  if (with_token) {
+    cmd->add_option("--token-file", flags->token_file,
+                    "File holding your token (default: $AGENTVFS_TOKEN)");
+  }
+}
+
+vfs::Result<std::string> ResolveStoreName(const StoreFlags& flags) {
+  if (!flags.store.empty()) return flags.store;
+  if (const char* env = std::getenv("AGENTVFS_STORE"); env && *env) {
+    return std::string(env);
+  }
+  std::string config;
+  if (const char* env = std::getenv("AGENTVFS_CONFIG"); env && *env) {
+    config = env;
+  } else if (const char* home = std::getenv("HOME"); home && *home) {
+    config = std::string(home) + "/.config/agentvfs/config.yaml";
+  }
+  if (!config.empty() && std::filesystem::exists(config)) {
+    try {
+      YAML::Node root = YAML::LoadFile(config);
+      if (root["store"]) return root["store"].as<std::string>();
+    } catch (const std::exception& e) {
+      return vfs::Fail(EINVAL, config + ": " + e.what());
+    }
+  }
+  return vfs::Fail(EINVAL,
+                   "no store given: pass --store PATH, set AGENTVFS_STORE, or "
+                   "put `store: PATH` in ~/.config/agentvfs/config.yaml");
+}
+
+vfs::Result<std::string> ResolveToken(const StoreFlags& flags) {
+  std::string token;
+  if (!flags.token_file.empty()) {
+    std::ifstream in(flags.token_file);
+    if (!in) {
+      return vfs::Fail(EACCES, "cannot read the token file " + flags.token_file);
+    }
+    std::getline(in, token);
+  } else if (const char* env = std::getenv("AGENTVFS_TOKEN"); env && *env) {
+    token = env;
+  }
+  while (!token.empty() && (token.back() == '\r' || token.back() == ' ')) {
+    token.pop_back();
+  }
+  if (token.empty()) {
+    return vfs::Fail(EACCES,
+                     "no token: set AGENTVFS_TOKEN or pass --token-file FILE "
+                     "(tokens are printed once by `agentvfs init` and "
+                     "`agentvfs user add`)");
+  }
+  return token;
+}
+
+std::string NewSessionId(const std::string& prefix) {
+  unsigned char bytes[8];
+  if (RAND_bytes(bytes, sizeof bytes) != 1) {
+    for (auto& b : bytes) b = static_cast<unsigned char>(std::rand());
+  }
+  std::ostringstream out;
+  out << prefix << "-";
+  for (unsigned char b : bytes) {
+    static constexpr char kDigits[] = "0123456789abcdef";
+    out << kDigits[b >> 4] << kDigits[b & 0xf];
+  }
+  return out.str();
+}
+
+vfs::Result<StoreSession> OpenStoreAsUser(const StoreFlags& flags,
+                                          const std::string& session_prefix) {
+  auto name = ResolveStoreName(flags);
+  if (!name) return std::unexpected(name.error());
+  auto token = ResolveToken(flags);
+  if (!token) return std::unexpected(token.error());
+  auto backend = store::StoreBackend::Open(*name);
+  if (!backend) return std::unexpected(backend.error());
+  auto user = store::Authenticate((*backend)->engine(), *token);
+  if (!user) return std::unexpected(user.error());
+  StoreSession s;
+  s.backend = std::move(*backend);
+  s.caller.user = *user;
+  s.caller.session = NewSessionId(session_prefix);
+  return s;
+}
+
+int Report(const std::string& cmd, const vfs::Error& error) {
+  std::cerr << "agentvfs " << cmd << ": " << error.message << "\n";
+  return error.code == EINVAL || error.code == ENOENT ? 2 : 1;
+}
+
+}  // namespace agentvfs::cli

@@ -1,0 +1,49 @@
+// How every command finds the store and the caller's identity:
+//   store:  --store NAME, else $AGENTVFS_STORE, else `store:` in the config
+//           file ($AGENTVFS_CONFIG, else ~/.config/agentvfs/config.yaml).
+//           NAME is a SQLite file path (or sqlite:PATH).
+//   token:  --token-file FILE, else $AGENTVFS_TOKEN. Never a command-line
+//           argument (other users can read argv in /proc).
+#pragma once
+
+#include <CLI/CLI.hpp>
+#include <memory>
+#include <string>
+
+#include "backends/store/store.h"
+#include "vfs/caller.h"
+#include "vfs/error.h"
+
+namespace agentvfs::cli {
+
+struct StoreFlags {
+  std::string store;
+  std::string token_file;
+};
+
+// Adds --store and --token-file to `cmd`.
+void AddStoreFlags(CLI::App* cmd, StoreFlags* flags, bool with_token = true);
+
+// The store's name after flags, environment and config file; EINVAL with
+// what to do when none is set.
+vfs::Result<std::string> ResolveStoreName(const StoreFlags& flags);
+
+// The token from --token-file or $AGENTVFS_TOKEN (EACCES when neither).
+vfs::Result<std::string> ResolveToken(const StoreFlags& flags);
+
+// An opened store and the authenticated user, with a fresh session id.
+struct StoreSession {
+  std::unique_ptr<store::StoreBackend> backend;
+  vfs::Caller caller;
+};
+vfs::Result<StoreSession> OpenStoreAsUser(const StoreFlags& flags,
+                                          const std::string& session_prefix);
+
+// A random session id: PREFIX-<16 hex digits>.
+std::string NewSessionId(const std::string& prefix);
+
+// Prints "agentvfs CMD: message" to stderr and returns the exit code for
+// the error (2 for bad input, 1 otherwise).
+int Report(const std::string& cmd, const vfs::Error& error);
+
+}  // namespace agentvfs::cli
