@@ -21,6 +21,7 @@ struct MountArgs {
   std::string workspace;
   StoreFlags store;
   bool with_store = false;
+  std::string commit_sync = "full";
   std::string mountpoint;
   bool background = false;
   bool allow_other = false;
@@ -52,7 +53,11 @@ int RunMount(const MountArgs& a) {
                     a.workspace.empty();
   if (with_store) {
     // A wrong token or a missing store mounts nothing.
-    auto session = OpenStoreAsUser(a.store, "mount");
+    store::StoreOptions store_options;
+    store_options.commit_durability = a.commit_sync == "normal"
+                                          ? store::Durability::kProcess
+                                          : store::Durability::kFull;
+    auto session = OpenStoreAsUser(a.store, "mount", store_options);
     if (!session) return Report("mount", session.error());
     identity = session->caller;
     vfs::Backend* store = router->Adopt(std::move(session->backend));
@@ -123,6 +128,11 @@ void AddMountCommand(CLI::App& app, int* exit_code) {
   cmd->add_flag("--with-store", args->with_store,
                 "Serve /memories and /skills from the store named by "
                 "$AGENTVFS_STORE or the config file (implied by --store)");
+  cmd->add_option("--commit-sync", args->commit_sync,
+                  "full: every commit at close is fsynced (survives a power "
+                  "cut; default); normal: it survives any process crash and "
+                  "reaches the disk with the next fsync")
+      ->check(CLI::IsMember({"full", "normal"}));
   cmd->add_option("mountpoint", args->mountpoint,
                   "Empty directory to mount the view on")
       ->required();

@@ -51,7 +51,8 @@ vfs::Result<std::string> ResolveToken(const StoreFlags& flags) {
   if (!flags.token_file.empty()) {
     std::ifstream in(flags.token_file);
     if (!in) {
-      return vfs::Fail(EACCES, "cannot read the token file " + flags.token_file);
+      return vfs::Fail(EACCES,
+                       "cannot read the token file " + flags.token_file);
     }
     std::getline(in, token);
   } else if (const char* env = std::getenv("AGENTVFS_TOKEN"); env && *env) {
@@ -84,12 +85,13 @@ std::string NewSessionId(const std::string& prefix) {
 }
 
 vfs::Result<StoreSession> OpenStoreAsUser(const StoreFlags& flags,
-                                          const std::string& session_prefix) {
+                                          const std::string& session_prefix,
+                                          store::StoreOptions options) {
   auto name = ResolveStoreName(flags);
   if (!name) return std::unexpected(name.error());
   auto token = ResolveToken(flags);
   if (!token) return std::unexpected(token.error());
-  auto backend = store::StoreBackend::Open(*name);
+  auto backend = store::StoreBackend::Open(*name, options);
   if (!backend) return std::unexpected(backend.error());
   auto user = store::Authenticate((*backend)->engine(), *token);
   if (!user) return std::unexpected(user.error());
@@ -98,6 +100,31 @@ vfs::Result<StoreSession> OpenStoreAsUser(const StoreFlags& flags,
   s.caller.user = *user;
   s.caller.session = NewSessionId(session_prefix);
   return s;
+}
+
+int RunAsUser(const std::string& cmd, const StoreFlags& flags,
+              const std::string& session_prefix,
+              const std::function<vfs::Status(StoreSession&)>& fn) {
+  auto session = OpenStoreAsUser(flags, session_prefix);
+  if (!session) return Report(cmd, session.error());
+  if (auto ok = fn(*session); !ok) return Report(cmd, ok.error());
+  return 0;
+}
+
+vfs::Result<vfs::Path> ParseStorePath(const std::string& text) {
+  auto path = vfs::Path::Parse(text);
+  if (!path) {
+    return vfs::Fail(
+        EINVAL, "'" + text + "' is not a store path: " + path.error().message +
+                    " (store paths start with /memories or /skills)");
+  }
+  for (const char* root : {"/memories", "/skills"}) {
+    auto top = vfs::Path::Parse(root);
+    return *path;
+  }
+  return vfs::Fail(EINVAL, "'" + text +
+                               "' is not in the store; store paths start "
+                               "with /memories or /skills");
 }
 
 int Report(const std::string& cmd, const vfs::Error& error) {

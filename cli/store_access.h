@@ -7,12 +7,14 @@
 #pragma once
 
 #include <CLI/CLI.hpp>
+#include <functional>
 #include <memory>
 #include <string>
 
 #include "backends/store/store.h"
 #include "vfs/caller.h"
 #include "vfs/error.h"
+#include "vfs/path.h"
 
 namespace agentvfs::cli {
 
@@ -36,8 +38,20 @@ struct StoreSession {
   std::unique_ptr<store::StoreBackend> backend;
   vfs::Caller caller;
 };
-vfs::Result<StoreSession> OpenStoreAsUser(const StoreFlags& flags,
-                                          const std::string& session_prefix);
+vfs::Result<StoreSession> OpenStoreAsUser(
+    const StoreFlags& flags, const std::string& session_prefix,
+    store::StoreOptions options = {});
+
+// Runs `fn` with the store opened as the user whose token is given (session
+// id SESSION_PREFIX-...), and returns the command's exit code: 0 when `fn`
+// succeeds, else Report(cmd, its error).
+int RunAsUser(const std::string& cmd, const StoreFlags& flags,
+              const std::string& session_prefix,
+              const std::function<vfs::Status(StoreSession&)>& fn);
+
+// A path in the store given on the command line: /memories, /skills or
+// below (normalised like every path). EINVAL saying so for anything else.
+vfs::Result<vfs::Path> ParseStorePath(const std::string& text);
 
 // A random session id: PREFIX-<16 hex digits>.
 std::string NewSessionId(const std::string& prefix);
