@@ -1559,8 +1559,12 @@ constexpr const char* kVersionColumns =
 // The file at `path` now, or else the last file that had that path.
 Result<int64_t> FileOfPath(Txn& txn, const std::string& path,
                            std::string* canon) {
-  TRY_ASSIGN(w, Walk(txn, path, false));
-  if (w.node) {
+  auto walked = Walk(txn, path, false);
+  if (!walked && walked.error().code != ENOENT) {
+    return std::unexpected(walked.error());
+  }
+  if (walked && walked->node) {
+    const Walked& w = *walked;
     if (w.node->IsDir()) return Fail(EISDIR, path + " is a directory");
     if (w.node->IsLink()) return Fail(EINVAL, path + " is a symlink");
     *canon = w.path;
