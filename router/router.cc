@@ -29,6 +29,43 @@ uint64_t SyntheticIno(const Path& p) {
 
 }  // namespace
 
+// Receives one backend's change feed and passes it on in view paths. Reads
+// mounts_ without a lock: the table is fixed before the router is shared.
+class Router::ChangeAdapter final : public vfs::ChangeListener {
+ public:
+  ChangeAdapter(const Router& router, vfs::Backend* backend,
+                vfs::ChangeListener* to)
+      : router_(router), backend_(backend), to_(to) {}
+
+  vfs::Backend* backend() const { return backend_; }
+
+  void Changed(const Path& path) override {
+    for (const auto& m : router_.mounts_) {
+      if (m.backend != backend_) continue;
+      Path view;
+      if (m.options.strip_prefix) {
+        view = m.prefix.Join(path);
+      } else if (path.HasPrefix(m.prefix)) {
+        view = path;
+      } else {
+        continue;  // the backend's path is not visible through this mount
+      }
+      // A nested mount hides this name; the path is visible through at
+      // most one mount, which also keeps a path from being sent twice.
+      if (router_.OwnerOf(view) != &m) continue;
+      to_->Changed(view);
+    }
+  }
+
+ private:
+  const Router& router_;
+  vfs::Backend* const backend_;
+  vfs::ChangeListener* const to_;
+};
+
+Router::Router() = default;
+Router::~Router() { SetChangeListener(nullptr); }
+
 vfs::Backend* Router::Adopt(std::unique_ptr<vfs::Backend> backend) {
   owned_.push_back(std::move(backend));
   return owned_.back().get();
@@ -62,6 +99,24 @@ std::vector<Path> Router::MountPoints() const {
   return out;
 }
 
+void Router::SetChangeListener(vfs::ChangeListener* listener) {
+  std::lock_guard lock(listener_mu_);
+  // Every backend stops first: only once SetChangeListener(nullptr) has
+  // returned may an adapter it was calling be destroyed.
+  for (const auto& a : adapters_) a->backend()->SetChangeListener(nullptr);
+  adapters_.clear();
+  if (listener == nullptr) return;
+  for (const auto& m : mounts_) {
+    const bool seen =
+        std::any_of(adapters_.begin(), adapters_.end(),
+                    [&](const auto& a) { return a->backend() == m.backend; });
+    if (seen) continue;
+    adapters_.push_back(
+        std::make_unique<ChangeAdapter>(*this, m.backend, listener));
+    m.backend->SetChangeListener(adapters_.back().get());
+  }
+}
+
 bool Router::IsSynthetic(const Path& path) const {
   // A proper ancestor of some mount point that no mount owns.
   for (const auto& m : mounts_)
@@ -69,10 +124,16 @@ bool Router::IsSynthetic(const Path& path) const {
   return false;
 }
 
-Result<Router::Target> Router::Resolve(const Path& path, Access access) const {
+const Router::MountEntry* Router::OwnerOf(const Path& path) const {
   // mounts_ is sorted longest prefix first, so the first match is the owner.
-  for (const auto& m : mounts_) {
-    if (!path.HasPrefix(m.prefix)) continue;
+  for (const auto& m : mounts_)
+    if (path.HasPrefix(m.prefix)) return &m;
+  return nullptr;
+}
+
+Result<Router::Target> Router::Resolve(const Path& path, Access access) const {
+  if (const MountEntry* owner = OwnerOf(path); owner != nullptr) {
+    const MountEntry& m = *owner;
     if (access == Access::kWrite && m.options.read_only)
       return Fail(EROFS, Quote(m.prefix) + " is mounted read-only");
     Target t;

@@ -15,12 +15,19 @@
 // e.g. /workspace -> local_dir) or keeps full paths (one store serving both
 // /memories and /skills).
 //
+// Change feed: SetChangeListener() registers one adapter per distinct
+// mounted backend, which turns that backend's paths into view paths (the
+// mount prefix added back for strip_prefix mounts; for full-path mounts the
+// path as is, if it lies under one of that backend's prefixes) and drops
+// paths hidden by a nested mount of another backend.
+//
 // Thread-safety: Mount() is not thread-safe and must be called before the
-// router is shared; after that every method is safe to call concurrently
-// (the table is immutable while serving).
+// router is shared (and before SetChangeListener); after that every method
+// is safe to call concurrently (the table is immutable while serving).
 #pragma once
 
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -35,7 +42,9 @@ struct MountOptions {
 
 class Router final : public vfs::Backend {
  public:
-  Router() = default;
+  Router();
+  // Unregisters from the backends' change feeds (see SetChangeListener).
+  ~Router() override;
 
   // Takes ownership of a backend, which may then be mounted one or more times.
   vfs::Backend* Adopt(std::unique_ptr<vfs::Backend> backend);
@@ -89,6 +98,15 @@ class Router final : public vfs::Backend {
   vfs::Status RemoveXattr(const vfs::Caller& c, const vfs::Path& path,
                           const std::string& name) override;
 
+  // Forwards the change feed of every mounted backend to `listener`, in view
+  // paths: for a mount at /workspace with strip_prefix, the backend's /a/b
+  // arrives as /workspace/a/b; for a full-path mount, /memories/x arrives as
+  // is when one of that backend's mounts is a prefix of it and is dropped
+  // otherwise. A backend mounted at several prefixes reports through each.
+  // nullptr unregisters; when this returns, the previous listener is called
+  // no more. Mounts added afterwards are not registered.
+  void SetChangeListener(vfs::ChangeListener* listener) override;
+
  private:
   struct MountEntry {
     vfs::Path prefix;
@@ -103,6 +121,10 @@ class Router final : public vfs::Backend {
     bool is_mount_point = false;
   };
   enum class Access { kRead, kWrite };
+  class ChangeAdapter;
+
+  // The mount that owns `path` (longest prefix), or null.
+  const MountEntry* OwnerOf(const vfs::Path& path) const;
 
   vfs::Result<Target> Resolve(const vfs::Path& path, Access access) const;
   bool IsSynthetic(const vfs::Path& path) const;
@@ -116,6 +138,11 @@ class Router final : public vfs::Backend {
 
   std::vector<std::unique_ptr<vfs::Backend>> owned_;
   std::vector<MountEntry> mounts_;  // sorted by prefix length, longest first
+
+  // Serialises SetChangeListener; guards adapters_. Never held by Changed().
+  std::mutex listener_mu_;
+  // One per distinct backend while a listener is registered.
+  std::vector<std::unique_ptr<ChangeAdapter>> adapters_;
 };
 
 }  // namespace agentvfs::router

@@ -15,6 +15,7 @@
 #include <memory>
 #include <set>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "tests/support/result_matchers.h"
@@ -79,6 +80,18 @@ class FakeBackend final : public vfs::Backend {
   }
   void ClearCalls() { calls_.clear(); }
   unsigned long id() const { return id_; }
+
+  // The change feed: remembers the one registered listener; Fire() reports a
+  // change of `path` (in this backend's terms) to it, as a store would.
+  void SetChangeListener(vfs::ChangeListener* listener) override {
+    listener_ = listener;
+    if (listener != nullptr) ++listener_registrations_;
+  }
+  bool HasListener() const { return listener_ != nullptr; }
+  int listener_registrations() const { return listener_registrations_; }
+  void Fire(std::string_view path) {
+    if (listener_ != nullptr) listener_->Changed(P(path));
+  }
 
   Result<Attr> Stat(const Caller&, const Path& path) override {
     Record("Stat", path);
@@ -234,6 +247,16 @@ class FakeBackend final : public vfs::Backend {
   unsigned long id_;
   std::map<std::string, Node> nodes_;
   std::vector<std::string> calls_;
+  vfs::ChangeListener* listener_ = nullptr;
+  int listener_registrations_ = 0;  // non-null registrations
+};
+
+// Records the view paths a router forwards.
+class RecordingListener final : public vfs::ChangeListener {
+ public:
+  void Changed(const Path& path) override { paths.push_back(path.str()); }
+  std::vector<std::string> Take() { return std::exchange(paths, {}); }
+  std::vector<std::string> paths;
 };
 
 std::set<std::string> Names(const std::vector<DirEntry>& entries) {
@@ -450,6 +473,112 @@ INSTANTIATE_TEST_SUITE_P(MountOrder, NestedMountTest, ::testing::Bool(),
                          [](const auto& info) {
                            return info.param ? "OuterFirst" : "InnerFirst";
                          });
+
+// --- Change feed -----------------------------------------------------------
+
+using Paths = std::vector<std::string>;
+
+TEST_F(RouterTest, ChangesOfAStrippedMountArriveUnderItsPrefix) {
+  RecordingListener view;
+  router_.SetChangeListener(&view);
+  ws_->Fire("/src/a.cc");
+  EXPECT_EQ(view.Take(), (Paths{"/workspace/src/a.cc"}));
+  ws_->Fire("/");  // the backend's root is the mount point
+  EXPECT_EQ(view.Take(), (Paths{"/workspace"}));
+}
+
+TEST_F(RouterTest, ChangesOfAFullPathMountArriveAsIsUnderItsPrefixesOnly) {
+  RecordingListener view;
+  router_.SetChangeListener(&view);
+  // One store at /memories and /skills: registered once, each path once.
+  EXPECT_EQ(store_->listener_registrations(), 1);
+  store_->Fire("/memories/note.md");
+  EXPECT_EQ(view.Take(), (Paths{"/memories/note.md"}));
+  store_->Fire("/skills");
+  EXPECT_EQ(view.Take(), (Paths{"/skills"}));
+  // Not under any of the store's mounts: nothing in the view changed.
+  store_->Fire("/secrets/key");
+  store_->Fire("/memoriesx/a");
+  store_->Fire("/");
+  EXPECT_EQ(view.Take(), Paths{});
+  EXPECT_TRUE(ws_->HasListener());
+}
+
+TEST(RouterChanges, BackendMountedTwiceWithStripPrefixReportsBoth) {
+  Router router;
+  auto* b =
+      static_cast<FakeBackend*>(router.Adopt(std::make_unique<FakeBackend>(1)));
+  ASSERT_OK(router.Mount("/a", b));
+  ASSERT_OK(router.Mount("/b/c", b));
+  RecordingListener view;
+  router.SetChangeListener(&view);
+  EXPECT_EQ(b->listener_registrations(), 1);
+  b->Fire("/f");
+  Paths got = view.Take();
+  std::sort(got.begin(), got.end());
+  EXPECT_EQ(got, (Paths{"/a/f", "/b/c/f"}));
+}
+
+TEST_P(NestedMountTest, ChangesHiddenByANestedMountAreDropped) {
+  Router router;
+  auto* outer =
+      static_cast<FakeBackend*>(router.Adopt(std::make_unique<FakeBackend>(1)));
+  auto* inner =
+      static_cast<FakeBackend*>(router.Adopt(std::make_unique<FakeBackend>(2)));
+  if (GetParam()) {
+    ASSERT_OK(router.Mount("/workspace", outer));
+    ASSERT_OK(router.Mount("/workspace/deep", inner));
+  } else {
+    ASSERT_OK(router.Mount("/workspace/deep", inner));
+    ASSERT_OK(router.Mount("/workspace", outer));
+  }
+  RecordingListener view;
+  router.SetChangeListener(&view);
+  outer->Fire("/deep/x");  // the view shows the inner backend there
+  outer->Fire("/deep");
+  EXPECT_EQ(view.Take(), Paths{});
+  outer->Fire("/deeper");
+  EXPECT_EQ(view.Take(), (Paths{"/workspace/deeper"}));
+  inner->Fire("/x");
+  EXPECT_EQ(view.Take(), (Paths{"/workspace/deep/x"}));
+}
+
+TEST_F(RouterTest, NullListenerUnregistersFromEveryBackend) {
+  RecordingListener view;
+  router_.SetChangeListener(&view);
+  ASSERT_TRUE(ws_->HasListener());
+  ASSERT_TRUE(store_->HasListener());
+  router_.SetChangeListener(nullptr);
+  EXPECT_FALSE(ws_->HasListener());
+  EXPECT_FALSE(store_->HasListener());
+  ws_->Fire("/a.txt");
+  store_->Fire("/memories/note.md");
+  EXPECT_EQ(view.Take(), Paths{});
+}
+
+TEST_F(RouterTest, ANewListenerReplacesTheOldOne) {
+  RecordingListener first, second;
+  router_.SetChangeListener(&first);
+  router_.SetChangeListener(&second);
+  ws_->Fire("/a.txt");
+  store_->Fire("/skills/skill.md");
+  EXPECT_EQ(first.Take(), Paths{});
+  EXPECT_EQ(second.Take(), (Paths{"/workspace/a.txt", "/skills/skill.md"}));
+}
+
+TEST(RouterChanges, DestroyingTheRouterUnregisters) {
+  FakeBackend outlives(1);  // mounted, not owned by the router
+  RecordingListener view;
+  {
+    Router router;
+    ASSERT_OK(router.Mount("/workspace", &outlives));
+    router.SetChangeListener(&view);
+    ASSERT_TRUE(outlives.HasListener());
+  }
+  EXPECT_FALSE(outlives.HasListener());
+  outlives.Fire("/a");
+  EXPECT_EQ(view.Take(), Paths{});
+}
 
 // --- Cross-mount operations ------------------------------------------------
 

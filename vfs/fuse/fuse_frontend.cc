@@ -26,6 +26,7 @@
 #include <mutex>
 #include <new>
 #include <optional>
+#include <set>
 #include <sstream>
 #include <stop_token>
 #include <string_view>
@@ -184,6 +185,8 @@ class FuseServer::Impl {
   Status Run();
   int PollingLoop();
   void Teardown();
+  void StartInvalidation();
+  void StopInvalidation();
 
   // --- node table -------------------------------------------------------
   // One node per backend file (keyed by st_dev/st_ino), so that hard links
@@ -426,6 +429,105 @@ class FuseServer::Impl {
     workers.clear();  // request_stop + join; queued jobs finish first
   }
 
+  // --- live invalidation (the backend's change feed) --------------------
+  // Registered with the backend while Run() serves; only queues the path, so
+  // it returns at once whatever thread the backend calls it from.
+  class ChangeReceiver final : public vfs::ChangeListener {
+   public:
+    explicit ChangeReceiver(Impl& impl) : impl_(impl) {}
+    void Changed(const Path& path) override { impl_.QueueInvalidation(path); }
+
+   private:
+    Impl& impl_;
+  };
+
+  void QueueInvalidation(const Path& path) {
+    try {
+      std::lock_guard lock(inval_mu_);
+      if (pending_.insert(path).second) inval_cv_.notify_one();
+    } catch (const std::exception& e) {
+      // The backend's poller must not die of our allocation failure.
+      Log()->warn("cannot queue invalidation of {}: {}", path.str(), e.what());
+    }
+  }
+
+  // One notification for the kernel: the entry `name` in directory `ino`,
+  // or (name empty) the attributes and cached data of inode `ino`.
+  struct Notice {
+    fuse_ino_t ino;
+    std::string name;
+  };
+  // What to tell the kernel about a change of `path`, from the node table:
+  // the kernel can only have cached what it looked up, i.e. the chain of
+  // nodes from the root. If the whole path is known: its inode, its entry
+  // in the parent, and the parent (whose listing may have changed). If the
+  // chain stops earlier (the name was missing or never looked up): the next
+  // name in the deepest known directory, which may be cached as negative,
+  // and that directory.
+  std::vector<Notice> NoticesFor(const Path& path) {
+    const auto names = path.Components();
+    std::lock_guard lock(table_mu_);
+    fuse_ino_t parent = FUSE_ROOT_ID, ino = FUSE_ROOT_ID;
+    size_t depth = 0;
+    for (; depth < names.size(); ++depth) {
+      auto c = children_.find(ChildKey{ino, std::string(names[depth])});
+      if (c == children_.end()) break;
+      parent = ino;
+      ino = c->second;
+    }
+    std::vector<Notice> out;
+    if (depth == names.size()) {
+      out.push_back(Notice{ino, {}});
+      if (depth == 0) return out;  // the root has no entry
+      out.push_back(Notice{parent, std::string(names[depth - 1])});
+      out.push_back(Notice{parent, {}});
+    } else {
+      out.push_back(Notice{ino, std::string(names[depth])});
+      out.push_back(Notice{ino, {}});
+    }
+    return out;
+  }
+
+  // Runs on the invalidation thread only.
+  void Invalidate(const Path& path, const std::stop_token& stop) {
+    for (const Notice& n : NoticesFor(path)) {
+      if (stop.stop_requested() || fuse_session_exited(session_)) return;
+      int rc = n.name.empty()
+                   ? fuse_lowlevel_notify_inval_inode(session_, n.ino,
+                                                      /*off=*/0, /*len=*/0)
+                   : fuse_lowlevel_notify_inval_entry(
+                         session_, n.ino, n.name.data(), n.name.size());
+      // ENOENT: the kernel has nothing cached for it, the common case.
+      if (rc != 0 && rc != -ENOENT)
+        Log()->debug("invalidating {} of {} for {}: {}",
+                     n.name.empty() ? "inode" : "entry '" + n.name + "'", n.ino,
+                     path.str(), std::strerror(-rc));
+    }
+  }
+
+  void InvalidationLoop(std::stop_token stop) {
+    while (true) {
+      std::set<Path> batch;
+      {
+        std::unique_lock lock(inval_mu_);
+        inval_cv_.wait(lock, stop, [this] { return !pending_.empty(); });
+        if (stop.stop_requested()) return;
+        batch.swap(pending_);
+      }
+      // Before INIT is answered the kernel has cached nothing (and the
+      // protocol version the notify calls check is not known yet).
+      if (!initialized_.load(std::memory_order_acquire)) continue;
+      for (const auto& path : batch) {
+        try {
+          Invalidate(path, stop);
+        } catch (const std::exception& e) {
+          Log()->warn("cannot invalidate {}: {}", path.str(), e.what());
+        }
+        if (stop.stop_requested()) return;
+      }
+    }
+  }
+
   static constexpr int kPoolThreads = 2;
   static constexpr unsigned kReadaheadKib = 1024;  // = max_write, one request
 
@@ -486,6 +588,19 @@ class FuseServer::Impl {
   std::condition_variable_any pool_cv_;
   std::deque<std::function<void()>> jobs_;
   std::vector<std::jthread> workers_;
+
+  // Set once OpInit has run: notifications may be sent from then on.
+  std::atomic<bool> initialized_{false};
+  ChangeReceiver receiver_{*this};
+  // receiver_ is registered and invalidator_ runs. Touched only by Run()
+  // and Teardown(), which do not overlap.
+  bool listening_ = false;
+  // Guards pending_ (paths not yet sent, duplicates coalesced). Never held
+  // together with table_mu_, nor while notifying the kernel.
+  std::mutex inval_mu_;
+  std::condition_variable_any inval_cv_;
+  std::set<Path> pending_;
+  std::jthread invalidator_;
 };
 
 // An open directory: a snapshot of its entries taken at opendir.
@@ -568,6 +683,7 @@ void OpInit(void* userdata, fuse_conn_info* conn) {
   conn->max_readahead = 1u << 20;
   conn->max_background = 64;
   conn->congestion_threshold = 48;
+  self->initialized_.store(true, std::memory_order_release);
 }
 
 void OpLookup(fuse_req_t req, fuse_ino_t parent, const char* name) {
@@ -575,7 +691,17 @@ void OpLookup(fuse_req_t req, fuse_ino_t parent, const char* name) {
     auto* self = Self(req);
     auto path = self->ChildPath(parent, name);
     if (!path) return self->ReplyError(req, path.error());
-    self->StatAndReplyEntry(req, self->CallerFor(req), parent, *path);
+    auto st = self->backend_.Stat(self->CallerFor(req), *path);
+    if (!st && st.error().code == ENOENT &&
+        self->options_.negative_timeout > 0) {
+      // Node id 0: the kernel remembers that the name is missing.
+      fuse_entry_param e{};
+      e.entry_timeout = self->options_.negative_timeout;
+      fuse_reply_entry(req, &e);
+      return;
+    }
+    if (!st) return self->ReplyError(req, st.error());
+    self->ReplyEntry(req, parent, path->Name(), *st);
   });
 }
 
@@ -1231,8 +1357,31 @@ int FuseServer::Impl::PollingLoop() {
   return rc;
 }
 
+void FuseServer::Impl::StartInvalidation() {
+  if (listening_ || session_ == nullptr) return;
+  invalidator_ =
+      std::jthread([this](std::stop_token stop) { InvalidationLoop(stop); });
+  backend_.SetChangeListener(&receiver_);
+  listening_ = true;
+}
+
+// A notification already sent waits for kernel locks that a request may
+// hold; with the loop gone nobody answers that request. Stopping as soon as
+// the loop ends (and skipping the rest once the session is exiting) keeps
+// that window to the one notification in flight.
+void FuseServer::Impl::StopInvalidation() {
+  if (!listening_) return;
+  backend_.SetChangeListener(nullptr);  // no Changed() after this returns
+  listening_ = false;
+  invalidator_.request_stop();
+  invalidator_.join();
+  std::lock_guard lock(inval_mu_);
+  pending_.clear();
+}
+
 Status FuseServer::Impl::Run() {
   if (session_ == nullptr) return {};
+  StartInvalidation();
   int rc;
   if (options_.threads <= 1) {
     rc = PollingLoop();
@@ -1244,6 +1393,7 @@ Status FuseServer::Impl::Run() {
     rc = fuse_session_loop_mt(session_, cfg);
     fuse_loop_cfg_destroy(cfg);
   }
+  StopInvalidation();
   // A signal ends the loop with rc = signal number; that is a clean stop.
   if (rc < 0)
     return Fail(-rc, std::string("FUSE loop failed: ") + std::strerror(-rc));
@@ -1251,6 +1401,7 @@ Status FuseServer::Impl::Run() {
 }
 
 void FuseServer::Impl::Teardown() {
+  StopInvalidation();  // before the session it writes to goes
   StopPool();
   if (session_ == nullptr) return;
   if (signals_) {

@@ -18,6 +18,17 @@
 // are owned by heap objects whose pointer is the FUSE file handle; the kernel
 // never uses a handle concurrently with its release.
 //
+// Change feed: while Run() serves, the server is the backend's
+// ChangeListener (see vfs::Backend::SetChangeListener). A changed path is
+// mapped to node ids through the node table and the kernel is told to drop
+// the cached name, attributes and data (fuse_lowlevel_notify_inval_entry /
+// _inval_inode), so that a change made by another process shows at once
+// even with long cache timeouts. Those notifications can wait for kernel
+// locks held by a request being served, so they are sent from one dedicated
+// thread, never from a request thread or under table_mu_; duplicate paths
+// queued meanwhile are sent once. The listener is unregistered (and the
+// thread joined) when Run() returns and at unmount.
+//
 // No exception crosses into libfuse: every callback catches std::bad_alloc
 // (ENOMEM) and anything else (EIO, logged).
 #pragma once
@@ -54,6 +65,11 @@ struct FuseOptions {
   bool writeback_cache = false;
   double entry_timeout = 1.0;  // seconds the kernel may cache names
   double attr_timeout = 1.0;   // seconds the kernel may cache attributes
+  // Seconds the kernel may remember that a name does not exist; 0 (the
+  // default) makes it ask again at every access. Worth raising only when
+  // every change beside the mount arrives through the backend's change feed:
+  // a file created behind the kernel's back stays invisible this long.
+  double negative_timeout = 0.0;
   std::string fsname = "agentvfs";
   // Caller template: user and session of this view. uid/gid/pid are filled
   // per request from the FUSE request context.
@@ -82,7 +98,10 @@ class FuseServer {
   vfs::Status HandleSignals();
   // Detaches from the terminal (fork; the parent exits once mounted).
   vfs::Status Daemonize();
-  // Serves requests until unmounted or a handled signal arrives.
+  // Serves requests until unmounted or a handled signal arrives. While it
+  // runs, the backend's change feed invalidates the kernel's caches (the
+  // listener is registered here rather than at Mount because Daemonize()
+  // forks, and threads do not survive a fork).
   vfs::Status Run();
   // Unmounts; further Run() calls return at once. Idempotent.
   void Unmount();
