@@ -307,8 +307,14 @@ TEST_F(TwoMountsTest, A200MiBFileStreamsThroughTheMount) {
   long reader_kib = PeakRssKib(views_[1]->pid());
   std::printf("peak RSS: writing daemon %ld KiB, reading daemon %ld KiB\n",
               writer_kib, reader_kib);
+#if defined(__SANITIZE_ADDRESS__)
+  // AddressSanitizer keeps freed memory in quarantine (256 MiB by default),
+  // so resident size says nothing here; the plain build checks the bound.
+  (void)writer_kib, (void)reader_kib;
+#else
   EXPECT_LT(writer_kib, 100 * 1024) << "the writer held the file in memory";
   EXPECT_LT(reader_kib, 100 * 1024) << "the reader held the file in memory";
+#endif
 }
 
 }  // namespace
