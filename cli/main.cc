@@ -2,7 +2,10 @@
 // the library code that does the work.
 #include <CLI/CLI.hpp>
 
+#include "cli/admin_commands.h"
+#include "cli/history_commands.h"
 #include "cli/mount_command.h"
+#include "cli/skills_commands.h"
 
 int main(int argc, char** argv) {
   CLI::App app{
@@ -10,7 +13,10 @@ int main(int argc, char** argv) {
       "/memories and /skills from a shared store"};
   app.require_subcommand(1);
   int exit_code = 0;
+  agentvfs::cli::AddAdminCommands(app, &exit_code);
   agentvfs::cli::AddMountCommand(app, &exit_code);
+  agentvfs::cli::AddHistoryCommands(app, &exit_code);
+  agentvfs::cli::AddSkillsCommands(app, &exit_code);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

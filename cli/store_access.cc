@@ -120,7 +120,7 @@ vfs::Result<vfs::Path> ParseStorePath(const std::string& text) {
   }
   for (const char* root : {"/memories", "/skills"}) {
     auto top = vfs::Path::Parse(root);
-    return *path;
+    if (top && path->HasPrefix(*top)) return *path;
   }
   return vfs::Fail(EINVAL, "'" + text +
                                "' is not in the store; store paths start "

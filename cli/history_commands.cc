@@ -1,0 +1,250 @@
+// `agentvfs history | cat | restore | purge` (history_commands.h).
+#include "cli/history_commands.h"
+
+#include <time.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <iostream>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "backends/store/skills.h"
+#include "backends/store/store.h"
+#include "cli/store_access.h"
+
+namespace agentvfs::cli {
+namespace {
+
+// UTC time of nanoseconds since the epoch, "2026-11-22 02:03:44" or, for
+// JSON, ISO 8601 "2026-11-22T02:03:44Z".
+std::string UtcTime(int64_t time_ns, bool iso = false) {
+  time_t secs = static_cast<time_t>(time_ns / 1'000'000'000);
+  struct tm tm {};
+  gmtime_r(&secs, &tm);
+  char buf[32];
+  strftime(buf, sizeof buf, iso ? "%Y-%m-%dT%H:%M:%SZ" : "%Y-%m-%d %H:%M:%S",
+           &tm);
+  return buf;
+}
+
+nlohmann::json VersionJson(const store::VersionInfo& v) {
+  char mode[8];
+  std::snprintf(mode, sizeof mode, "%04o",
+                static_cast<unsigned>(v.mode & 07777));
+  return nlohmann::json{
+      {"version", v.n},
+      {"path", v.path},
+      {"time", UtcTime(v.time_ns, /*iso=*/true)},
+      {"time_ns", v.time_ns},
+      {"author", v.author},
+      {"session", v.session},
+      {"size", v.size},
+      {"hash", v.content_hash},
+      {"mode", mode},
+      {"deleted", v.deleted},
+  };
+}
+
+void PrintHistoryTable(const std::vector<store::VersionInfo>& versions) {
+  size_t author_width = 6, session_width = 7;
+  for (const auto& v : versions) {
+    author_width = std::max(author_width, v.author.size());
+    session_width = std::max(session_width, v.session.size());
+  }
+  auto row = [&](const std::string& n, const std::string& time,
+                 const std::string& author, const std::string& session,
+                 const std::string& size, const std::string& hash,
+                 const std::string& note) {
+    char line[512];
+    std::snprintf(line, sizeof line, "%-8s %-19s  %-*s  %-*s  %10s  %-12s",
+                  n.c_str(), time.c_str(), static_cast<int>(author_width),
+                  author.c_str(), static_cast<int>(session_width),
+                  session.c_str(), size.c_str(), hash.c_str());
+    std::string out = line;
+    if (!note.empty()) out += "  " + note;
+    while (!out.empty() && out.back() == ' ') out.pop_back();
+    std::cout << out << "\n";
+  };
+  row("VERSION", "TIME (UTC)", "AUTHOR", "SESSION", "SIZE", "HASH", "");
+  for (const auto& v : versions) {
+    row(std::to_string(v.n), UtcTime(v.time_ns), v.author, v.session,
+        v.deleted ? "-" : std::to_string(v.size), v.content_hash.substr(0, 12),
+        v.deleted ? "deleted" : "");
+  }
+}
+
+vfs::Status WriteStdout(std::string_view piece) {
+  if (std::fwrite(piece.data(), 1, piece.size(), stdout) != piece.size()) {
+    return vfs::Fail(EIO, "cannot write to standard output");
+  }
+  return {};
+}
+
+void AddHistory(CLI::App& app, int* exit_code) {
+  struct Args {
+    StoreFlags store;
+    std::string path;
+    bool json = false;
+  };
+  auto a = std::make_shared<Args>();
+  auto* cmd = app.add_subcommand(
+      "history",
+      "List the versions of a file in the store (also of a deleted one)");
+  cmd->add_option("path", a->path, "Store path, e.g. /memories/org/oncall.md")
+      ->required();
+  cmd->add_flag("--json", a->json, "One JSON object per version and line");
+  AddStoreFlags(cmd, &a->store);
+  cmd->callback([a, exit_code] {
+    auto path = ParseStorePath(a->path);
+    if (!path) {
+      *exit_code = Report("history", path.error());
+      return;
+    }
+    *exit_code = RunAsUser(
+        "history", a->store, "cli", [&](StoreSession& s) -> vfs::Status {
+          auto versions = s.backend->History(s.caller, *path);
+          if (!versions) return std::unexpected(versions.error());
+          if (a->json) {
+            for (const auto& v : *versions) {
+              std::cout << VersionJson(v).dump() << "\n";
+            }
+          } else {
+            PrintHistoryTable(*versions);
+          }
+          return {};
+        });
+  });
+}
+
+void AddCat(CLI::App& app, int* exit_code) {
+  struct Args {
+    StoreFlags store;
+    std::string path;
+    int64_t version = 0;
+  };
+  auto a = std::make_shared<Args>();
+  auto* cmd = app.add_subcommand(
+      "cat", "Print a file of the store, or one of its earlier versions");
+  cmd->add_option("path", a->path, "Store path")->required();
+  cmd->add_option("--version", a->version,
+                  "Version to print (see `agentvfs history`); default: the "
+                  "current content")
+      ->check(CLI::PositiveNumber);
+  AddStoreFlags(cmd, &a->store);
+  cmd->callback([a, exit_code] {
+    auto path = ParseStorePath(a->path);
+    if (!path) {
+      *exit_code = Report("cat", path.error());
+      return;
+    }
+    *exit_code =
+        RunAsUser("cat", a->store, "cli", [&](StoreSession& s) -> vfs::Status {
+          if (a->version == 0) {
+            auto ok =
+                store::ReadInPieces(*s.backend, s.caller, *path, WriteStdout);
+            if (!ok) return ok;
+          } else {
+            auto file = s.backend->OpenVersion(s.caller, *path, a->version);
+            if (!file) return std::unexpected(file.error());
+            std::string buf(store::kCopyPieceBytes, '\0');
+            off_t offset = 0;
+            for (;;) {
+              auto got = (*file)->Read(buf.data(), buf.size(), offset);
+              if (!got) return std::unexpected(got.error());
+              if (*got == 0) break;
+              if (auto ok = WriteStdout(std::string_view(buf.data(), *got));
+                  !ok) {
+                return ok;
+              }
+              offset += static_cast<off_t>(*got);
+            }
+          }
+          if (std::fflush(stdout) != 0) {
+            return vfs::Fail(EIO, "cannot write to standard output");
+          }
+          return {};
+        });
+  });
+}
+
+void AddRestore(CLI::App& app, int* exit_code) {
+  struct Args {
+    StoreFlags store;
+    std::string path;
+    int64_t version = 0;
+  };
+  auto a = std::make_shared<Args>();
+  auto* cmd = app.add_subcommand(
+      "restore",
+      "Make an earlier version of a file its current content again (as a new "
+      "version; nothing is rewritten)");
+  cmd->add_option("path", a->path, "Store path")->required();
+  cmd->add_option("--version", a->version,
+                  "Version to restore (see `agentvfs history`)")
+      ->required()
+      ->check(CLI::PositiveNumber);
+  AddStoreFlags(cmd, &a->store);
+  cmd->callback([a, exit_code] {
+    auto path = ParseStorePath(a->path);
+    if (!path) {
+      *exit_code = Report("restore", path.error());
+      return;
+    }
+    *exit_code = RunAsUser(
+        "restore", a->store, "cli", [&](StoreSession& s) -> vfs::Status {
+          auto v = s.backend->Restore(s.caller, *path, a->version);
+          if (!v) return std::unexpected(v.error());
+          std::cout << "restored version " << a->version << " of "
+                    << path->str() << " as version " << v->n << "\n";
+          return {};
+        });
+  });
+}
+
+void AddPurge(CLI::App& app, int* exit_code) {
+  struct Args {
+    StoreFlags store;
+    std::string path;
+    bool keep_current = false;
+  };
+  auto a = std::make_shared<Args>();
+  auto* cmd = app.add_subcommand(
+      "purge",
+      "Erase a file's versions for good (and the file itself unless "
+      "--keep-current); needs admin on the path");
+  cmd->add_option("path", a->path, "Store path")->required();
+  cmd->add_flag("--keep-current", a->keep_current,
+                "Erase only the versions older than the current one");
+  AddStoreFlags(cmd, &a->store);
+  cmd->callback([a, exit_code] {
+    auto path = ParseStorePath(a->path);
+    if (!path) {
+      *exit_code = Report("purge", path.error());
+      return;
+    }
+    *exit_code = RunAsUser(
+        "purge", a->store, "cli", [&](StoreSession& s) -> vfs::Status {
+          auto r = s.backend->Purge(s.caller, *path, a->keep_current);
+          if (!r) return std::unexpected(r.error());
+          std::cout << "purged " << path->str() << ": " << r->versions
+                    << " version(s), " << r->files << " file(s), " << r->blobs
+                    << " blob(s), " << r->bytes << " byte(s) of content\n";
+          return {};
+        });
+  });
+}
+
+}  // namespace
+
+void AddHistoryCommands(CLI::App& app, int* exit_code) {
+  AddHistory(app, exit_code);
+  AddCat(app, exit_code);
+  AddRestore(app, exit_code);
+  AddPurge(app, exit_code);
+}
+
+}  // namespace agentvfs::cli

@@ -1,0 +1,190 @@
+// `agentvfs skills import | skills list | export | import`
+// (skills_commands.h).
+#include "cli/skills_commands.h"
+
+#include <sys/stat.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <iostream>
+#include <memory>
+#include <string>
+#include <string_view>
+
+#include "backends/store/skills.h"
+#include "cli/store_access.h"
+
+namespace agentvfs::cli {
+namespace {
+
+std::string_view FirstLine(std::string_view text) {
+  return text.substr(0, text.find('\n'));
+}
+
+void AddSkillsImport(CLI::App* skills, int* exit_code) {
+  struct Args {
+    StoreFlags store;
+    std::string dir;
+  };
+  auto a = std::make_shared<Args>();
+  auto* cmd = skills->add_subcommand(
+      "import",
+      "Validate skill folders (each with a SKILL.md) and copy them into "
+      "/skills/NAME; nothing is imported when any is invalid");
+  cmd->add_option("dir", a->dir, "A skill folder, or a folder of skill folders")
+      ->required();
+  AddStoreFlags(cmd, &a->store);
+  cmd->callback([a, exit_code] {
+    *exit_code = RunAsUser(
+        "skills import", a->store, "cli-skills",
+        [&](StoreSession& s) -> vfs::Status {
+          auto imported = store::ImportSkills(*s.backend, s.caller, a->dir);
+          if (!imported) return std::unexpected(imported.error());
+          for (const auto& skill : *imported) {
+            std::cout << "imported " << skill.name << ": "
+                      << FirstLine(skill.description) << "\n";
+          }
+          return {};
+        });
+  });
+}
+
+void AddSkillsList(CLI::App* skills, int* exit_code) {
+  auto flags = std::make_shared<StoreFlags>();
+  auto* cmd = skills->add_subcommand(
+      "list", "List the skills in /skills you can read, with descriptions");
+  AddStoreFlags(cmd, flags.get());
+  cmd->callback([flags, exit_code] {
+    *exit_code = RunAsUser(
+        "skills list", *flags, "cli", [&](StoreSession& s) -> vfs::Status {
+          auto root = vfs::Path::Parse(store::kSkillsRoot);
+          if (!root) return std::unexpected(root.error());
+          auto entries = s.backend->ReadDir(s.caller, *root);
+          if (!entries) return std::unexpected(entries.error());
+          std::sort(
+              entries->begin(), entries->end(),
+              [](const auto& x, const auto& y) { return x.name < y.name; });
+          for (const auto& e : *entries) {
+            if (e.type != S_IFDIR) continue;
+            auto dir = root->Child(e.name);
+            if (!dir) continue;
+            auto info = store::ReadSkillInfo(*s.backend, s.caller, *dir);
+            if (!info) {
+              // A folder without a readable, valid SKILL.md is not a skill;
+              // say why, and go on listing the others.
+              std::cerr << "agentvfs skills list: skipping " << dir->str()
+                        << ": " << info.error().message << "\n";
+              continue;
+            }
+            std::cout << info->name << ": " << FirstLine(info->description)
+                      << "\n";
+          }
+          return {};
+        });
+  });
+}
+
+void AddExport(CLI::App& app, int* exit_code) {
+  struct Args {
+    StoreFlags store;
+    std::string src;
+    std::string host_dir;
+    bool merge = false;
+  };
+  auto a = std::make_shared<Args>();
+  auto* cmd = app.add_subcommand(
+      "export",
+      "Copy a directory of the store (e.g. /skills) to a new or empty host "
+      "directory, keeping file modes, symlinks and mtimes");
+  cmd->add_option("store_path", a->src, "Store directory, e.g. /skills")
+      ->required();
+  cmd->add_option("host_dir", a->host_dir,
+                  "Host directory to create (or an empty one)")
+      ->required();
+  cmd->add_flag("--merge", a->merge,
+                "Write into a non-empty host directory (same-named files are "
+                "replaced, other entries kept)");
+  AddStoreFlags(cmd, &a->store);
+  cmd->callback([a, exit_code] {
+    auto src = ParseStorePath(a->src);
+    if (!src) {
+      *exit_code = Report("export", src.error());
+      return;
+    }
+    *exit_code = RunAsUser(
+        "export", a->store, "cli", [&](StoreSession& s) -> vfs::Status {
+          std::error_code ec;
+          bool existed =
+              std::filesystem::symlink_status(a->host_dir, ec).type() !=
+              std::filesystem::file_type::not_found;
+          store::ExportOptions options;
+          options.into_non_empty = a->merge;
+          auto ok = store::ExportTree(*s.backend, s.caller, *src, a->host_dir,
+                                      options);
+          if (!ok) {
+            // Leave no half-written copy behind, but only remove what this
+            // command created.
+            if (!existed) std::filesystem::remove_all(a->host_dir, ec);
+            return ok;
+          }
+          std::cout << "exported " << src->str() << " to " << a->host_dir
+                    << "\n";
+          return {};
+        });
+  });
+}
+
+void AddImport(CLI::App& app, int* exit_code) {
+  struct Args {
+    StoreFlags store;
+    std::string host_dir;
+    std::string dest;
+    bool remove_extra = false;
+  };
+  auto a = std::make_shared<Args>();
+  auto* cmd = app.add_subcommand(
+      "import",
+      "Copy a host directory into the store (each file becomes a new "
+      "version); for skills use `skills import`, which validates them");
+  cmd->add_option("host_dir", a->host_dir, "Host directory to copy")
+      ->required();
+  cmd->add_option(
+         "store_path", a->dest,
+         "Store directory to create or update, e.g. /memories/org/runbooks")
+      ->required();
+  cmd->add_flag("--delete", a->remove_extra,
+                "Also remove what the store directory holds but the host "
+                "directory does not (deleted files stay in their history)");
+  AddStoreFlags(cmd, &a->store);
+  cmd->callback([a, exit_code] {
+    auto dest = ParseStorePath(a->dest);
+    if (!dest) {
+      *exit_code = Report("import", dest.error());
+      return;
+    }
+    *exit_code = RunAsUser(
+        "import", a->store, "cli-import", [&](StoreSession& s) -> vfs::Status {
+          store::ImportOptions options;
+          options.remove_extra = a->remove_extra;
+          auto ok = store::ImportTree(*s.backend, s.caller, a->host_dir, *dest,
+                                      options);
+          if (!ok) return ok;
+          std::cout << "imported " << a->host_dir << " into " << dest->str()
+                    << "\n";
+          return {};
+        });
+  });
+}
+
+}  // namespace
+
+void AddSkillsCommands(CLI::App& app, int* exit_code) {
+  auto* skills = app.add_subcommand("skills", "Import and list skills");
+  skills->require_subcommand(1);
+  AddSkillsImport(skills, exit_code);
+  AddSkillsList(skills, exit_code);
+  AddExport(app, exit_code);
+  AddImport(app, exit_code);
+}
+
+}  // namespace agentvfs::cli

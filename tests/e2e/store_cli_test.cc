@@ -1,0 +1,684 @@
+// The store's command line as a team lead and an engineer use it, with the
+// real `agentvfs` binary on real SQLite files: init prints a token once and
+// keeps only its hash; users, teams and grants are an admin's business;
+// history / cat / restore / purge; skills import (validated), export and a
+// mount that serves the imported skill with its script runnable.
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <random>
+#include <regex>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "backends/store/store.h"
+#include "tests/e2e/e2e_support.h"
+
+namespace agentvfs::e2e {
+namespace {
+
+using testing::CommandOptions;
+using testing::CommandResult;
+using testing::MountedView;
+using testing::RunCommand;
+using testing::TempDir;
+
+const std::regex kTokenPattern("avfs_[0-9a-f]{64}");
+
+// The first token in `text`, or "" when there is none.
+std::string FindToken(const std::string& text) {
+  std::smatch m;
+  return std::regex_search(text, m, kTokenPattern) ? m.str() : "";
+}
+
+std::string RandomHex(size_t digits) {
+  std::random_device rd;
+  std::string out;
+  while (out.size() < digits) out += "0123456789abcdef"[rd() % 16];
+  return out;
+}
+
+std::vector<std::string> Lines(const std::string& text) {
+  std::vector<std::string> out;
+  std::istringstream in(text);
+  for (std::string line; std::getline(in, line);) out.push_back(line);
+  return out;
+}
+
+// SHA-256 of `data` as hex, computed by coreutils (not by the code under
+// test).
+std::string Sha256Sum(const std::string& data) {
+  CommandResult r =
+      RunCommand({"sh", "-c", "printf %s \"$0\" | sha256sum", data});
+  EXPECT_EQ(r.exit_status, 0) << r.output;
+  return r.output.substr(0, 64);
+}
+
+// Every byte of every file in `dir` (the database, its -wal and -shm files,
+// and any draft left next to them), for grepping.
+std::string AllFileBytes(const std::string& dir) {
+  std::string all;
+  for (const auto& e : std::filesystem::directory_iterator(dir)) {
+    if (!e.is_regular_file()) continue;
+    all += ReadFile(e.path().string()).value_or("");
+  }
+  return all;
+}
+
+bool Contains(const std::string& haystack, const std::string& needle) {
+  return haystack.find(needle) != std::string::npos;
+}
+
+class StoreCliTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    store_dir_ = std::make_unique<TempDir>("agentvfs-cli-store");
+    work_ = std::make_unique<TempDir>("agentvfs-cli-work");
+    db_ = store_dir_->Sub("team.db");
+  }
+
+  // Runs `agentvfs ARGS` with no store and no token from the test's own
+  // environment (nor from a config file) unless `env` gives them.
+  CommandResult Cli(const std::vector<std::string>& args,
+                    std::map<std::string, std::string> env = {}) {
+    std::map<std::string, std::string> full = {
+        {"AGENTVFS_STORE", ""},
+        {"AGENTVFS_TOKEN", ""},
+        {"AGENTVFS_CONFIG", work_->Sub("no-such-config.yaml")}};
+    for (auto& [k, v] : env) full[k] = v;
+    std::vector<std::string> argv = {AGENTVFS_BINARY};
+    argv.insert(argv.end(), args.begin(), args.end());
+    return RunCommand(argv, CommandOptions{.env = full});
+  }
+
+  // `agentvfs ARGS` on this test's store as the owner of `token`.
+  CommandResult As(const std::string& token,
+                   const std::vector<std::string>& args) {
+    return Cli(args, {{"AGENTVFS_STORE", db_}, {"AGENTVFS_TOKEN", token}});
+  }
+
+  // As(), failing the test unless the command exits 0; returns its output.
+  std::string MustAs(const std::string& token,
+                     const std::vector<std::string>& args) {
+    CommandResult r = As(token, args);
+    std::string cmd;
+    for (const auto& a : args) cmd += " " + a;
+    EXPECT_EQ(r.exit_status, 0) << "agentvfs" << cmd << ":\n" << r.output;
+    return r.output;
+  }
+
+  // As(), expecting a refusal: exit status not 0 and a message on the
+  // command's behalf containing `message`.
+  void ExpectRefused(const std::string& token,
+                     const std::vector<std::string>& args,
+                     const std::string& message) {
+    CommandResult r = As(token, args);
+    std::string cmd;
+    for (const auto& a : args) cmd += " " + a;
+    EXPECT_NE(r.exit_status, 0) << "agentvfs" << cmd << " succeeded:\n"
+                                << r.output;
+    EXPECT_TRUE(Contains(r.output, "agentvfs " + args[0]))
+        << "agentvfs" << cmd << ":\n"
+        << r.output;
+    EXPECT_TRUE(Contains(r.output, message))
+        << "agentvfs" << cmd << " should say \"" << message << "\":\n"
+        << r.output;
+  }
+
+  // `agentvfs init --store DB --admin lead`; returns lead's token.
+  std::string Init() {
+    CommandResult r = Cli({"init", "--store", db_, "--admin", "lead"});
+    EXPECT_EQ(r.exit_status, 0) << r.output;
+    std::string token = FindToken(r.output);
+    EXPECT_FALSE(token.empty()) << r.output;
+    return token;
+  }
+
+  // `user add NAME ARGS...` as `admin`; returns the new user's token.
+  std::string AddUser(const std::string& admin, const std::string& name,
+                      std::vector<std::string> extra = {}) {
+    std::vector<std::string> args = {"user", "add", name};
+    args.insert(args.end(), extra.begin(), extra.end());
+    std::string out = MustAs(admin, args);
+    std::string token = FindToken(out);
+    EXPECT_FALSE(token.empty()) << out;
+    return token;
+  }
+
+  // Writes `data` to the store file `path` through the API as `user` (one
+  // commit), with the store closed again afterwards.
+  ::testing::AssertionResult ApiWrite(const std::string& user,
+                                      const std::string& path,
+                                      const std::string& data) {
+    auto backend = store::StoreBackend::Open(db_);
+    if (!backend) {
+      return ::testing::AssertionFailure() << backend.error().ToString();
+    }
+    vfs::Caller caller;
+    caller.user = user;
+    caller.session = "api-" + user;
+    auto p = vfs::Path::Parse(path);
+    if (!p) return ::testing::AssertionFailure() << p.error().ToString();
+    auto file =
+        (*backend)->Open(caller, *p, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    if (!file) return ::testing::AssertionFailure() << file.error().ToString();
+    auto put = (*file)->Write(data.data(), data.size(), 0);
+    if (!put || *put != data.size()) {
+      return ::testing::AssertionFailure() << "short write to " << path;
+    }
+    if (auto ok = (*file)->Flush(); !ok) {
+      return ::testing::AssertionFailure() << ok.error().ToString();
+    }
+    return ::testing::AssertionSuccess();
+  }
+
+  // The versions `history --json` prints.
+  std::vector<nlohmann::json> History(const std::string& token,
+                                      const std::string& path) {
+    std::vector<nlohmann::json> out;
+    for (const auto& line : Lines(MustAs(token, {"history", path, "--json"}))) {
+      auto j = nlohmann::json::parse(line, nullptr, false);
+      EXPECT_FALSE(j.is_discarded()) << "not JSON: " << line;
+      if (!j.is_discarded()) out.push_back(std::move(j));
+    }
+    return out;
+  }
+
+  // A folder of two skills: pdf-tools (a script, a binary file, a private
+  // reference folder, a symlink) and hello.
+  std::string MakeSkills() {
+    namespace fs = std::filesystem;
+    const std::string root = work_->Sub("my-skills");
+    const std::string pdf = root + "/pdf-tools";
+    fs::create_directories(pdf + "/scripts");
+    fs::create_directories(pdf + "/reference");
+    fs::create_directories(root + "/hello");
+    EXPECT_TRUE(WriteFile(pdf + "/SKILL.md",
+                          "---\n"
+                          "name: pdf-tools\n"
+                          "description: |\n"
+                          "  Extract text and tables from PDF files.\n"
+                          "  Use it when the user mentions PDFs.\n"
+                          "license: MIT\n"
+                          "---\n"
+                          "# PDF tools\n\nRun scripts/extract.sh FILE.\n"));
+    EXPECT_TRUE(WriteFile(pdf + "/scripts/extract.sh",
+                          "#!/bin/sh\necho \"extracted: $1\"\n", 0755));
+    std::string binary;
+    for (int i = 0; i < 300 * 1024; ++i) binary += static_cast<char>(i * 7);
+    EXPECT_TRUE(WriteFile(pdf + "/reference/table.bin", binary, 0600));
+    EXPECT_TRUE(WriteFile(pdf + "/reference/notes.md", "notes\n", 0640));
+    EXPECT_EQ(chmod((pdf + "/reference").c_str(), 0750), 0);
+    EXPECT_EQ(symlink("scripts/extract.sh", (pdf + "/extract").c_str()), 0);
+    EXPECT_TRUE(WriteFile(root + "/hello/SKILL.md",
+                          "---\nname: hello\ndescription: Say hello.\n---\n"));
+    // Not a skill: skipped by `skills import`.
+    EXPECT_TRUE(WriteFile(root + "/README.md", "my skills\n"));
+    return root;
+  }
+
+  std::unique_ptr<TempDir> store_dir_;
+  std::unique_ptr<TempDir> work_;
+  std::string db_;
+};
+
+TEST_F(StoreCliTest, InitPrintsATokenOnceAndKeepsOnlyItsHash) {
+  // stdout and stderr apart: the token goes to stdout only.
+  const std::string err = work_->Sub("init.err");
+  CommandResult r =
+      RunCommand({"sh", "-c", "exec \"$@\" 2>\"$0\"", err, AGENTVFS_BINARY,
+                  "init", "--store", db_, "--admin", "lead"});
+  ASSERT_EQ(r.exit_status, 0) << r.output << ReadFile(err).value_or("");
+  std::smatch m;
+  ASSERT_TRUE(std::regex_match(
+      r.output, m,
+      std::regex(
+          R"(token for lead \(shown once; keep it\): (avfs_[0-9a-f]{64})\n)")))
+      << "stdout: " << r.output;
+  const std::string token = m[1].str();
+  const std::string hint = ReadFile(err).value_or("");
+  EXPECT_TRUE(Contains(hint, "AGENTVFS_TOKEN")) << hint;
+  EXPECT_FALSE(Contains(hint, token)) << "the token is shown once";
+
+  struct stat st;
+  ASSERT_EQ(stat(db_.c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 0777, 0600u) << "the store holds everyone's memories";
+  if (stat((db_ + "-wal").c_str(), &st) == 0) {
+    EXPECT_EQ(st.st_mode & 0777, 0600u);
+  }
+  const std::string bytes = AllFileBytes(store_dir_->path());
+  EXPECT_FALSE(Contains(bytes, token)) << "the token is in the store in clear";
+  const std::string hash = Sha256Sum(token);
+  EXPECT_TRUE(Contains(bytes, hash)) << "its SHA-256 " << hash << " is not";
+
+  // The token works; a second init is refused and changes nothing.
+  EXPECT_TRUE(Contains(MustAs(token, {"user", "list"}), "lead"));
+  CommandResult again = Cli({"init", "--store", db_, "--admin", "other"});
+  EXPECT_NE(again.exit_status, 0) << again.output;
+  EXPECT_TRUE(Contains(again.output, "agentvfs init:")) << again.output;
+  EXPECT_TRUE(Contains(again.output, "already")) << again.output;
+  EXPECT_TRUE(FindToken(again.output).empty()) << again.output;
+  EXPECT_FALSE(Contains(MustAs(token, {"user", "list"}), "other"));
+}
+
+TEST_F(StoreCliTest, AWrongOrMissingTokenIsRefusedAndMountsNothing) {
+  const std::string token = Init();
+  const std::string wrong = "avfs_" + std::string(64, '0');
+  ExpectRefused(wrong, {"user", "list"}, "token is not valid");
+  ExpectRefused(wrong, {"history", "/memories/org/x"}, "token is not valid");
+  ExpectRefused("", {"user", "list"}, "AGENTVFS_TOKEN");
+  CommandResult no_file = Cli({"user", "list", "--store", db_, "--token-file",
+                               work_->Sub("missing.token")});
+  EXPECT_NE(no_file.exit_status, 0);
+  EXPECT_TRUE(Contains(no_file.output, "missing.token")) << no_file.output;
+
+  // A token file works like the variable, and wins over it.
+  ASSERT_TRUE(WriteFile(work_->Sub("lead.token"), token + "\n", 0600));
+  CommandResult from_file = Cli({"user", "list", "--store", db_, "--token-file",
+                                 work_->Sub("lead.token")},
+                                {{"AGENTVFS_TOKEN", wrong}});
+  EXPECT_EQ(from_file.exit_status, 0) << from_file.output;
+
+  // mount with a wrong token: refused before anything is mounted.
+  TempDir ws("agentvfs-cli-ws"), mnt("agentvfs-cli-mnt");
+  testing::UnmountAtExit(mnt.path());  // in case it mounts after all
+  CommandResult mounted =
+      RunCommand({AGENTVFS_BINARY, "mount", "--store", db_, "--workspace",
+                  ws.path(), mnt.path()},
+                 CommandOptions{.env = {{"AGENTVFS_TOKEN", wrong}},
+                                .timeout = std::chrono::seconds(30)});
+  EXPECT_FALSE(mounted.timed_out) << "mount kept running with a wrong token";
+  EXPECT_NE(mounted.exit_status, 0) << mounted.output;
+  EXPECT_TRUE(Contains(mounted.output, "token is not valid")) << mounted.output;
+  EXPECT_FALSE(MountedView::IsMounted(mnt.path()));
+  if (MountedView::IsMounted(mnt.path())) testing::LazyUnmount(mnt.path());
+}
+
+TEST_F(StoreCliTest, UsersTeamsAndGrantsAreAnAdminsBusiness) {
+  const std::string lead = Init();
+  std::string dev = AddUser(lead, "dev", {"--team", "eng"});
+  const std::string ops = AddUser(lead, "ops");
+  EXPECT_NE(dev, ops);
+  MustAs(lead, {"grant", "write", "/memories/teams/eng", "--to", "team:eng"});
+
+  std::string users = MustAs(lead, {"user", "list"});
+  EXPECT_TRUE(std::regex_search(users, std::regex(R"(\ndev +enabled +eng\n)")))
+      << users;
+  std::string grants = MustAs(lead, {"grants"});
+  EXPECT_TRUE(std::regex_search(
+      grants, std::regex(R"(/memories/teams/eng +team:eng +write)")))
+      << grants;
+
+  // dev is no admin: every administrative command is refused.
+  ExpectRefused(dev, {"user", "add", "eve"}, "needs admin");
+  ExpectRefused(dev, {"user", "list"}, "needs admin");
+  ExpectRefused(dev, {"user", "token", "ops"}, "needs admin");
+  ExpectRefused(dev, {"user", "disable", "ops"}, "needs admin");
+  ExpectRefused(dev, {"team", "add", "rogue"}, "needs admin");
+  ExpectRefused(dev, {"team", "member", "add", "eng", "ops"}, "needs admin");
+  ExpectRefused(dev, {"grant", "write", "/memories/org", "--to", "user:dev"},
+                "needs admin");
+  ExpectRefused(dev, {"revoke", "/memories/teams/eng", "--from", "team:eng"},
+                "needs admin");
+  ExpectRefused(dev, {"grants"}, "needs admin");
+  EXPECT_EQ(FindToken(As(dev, {"user", "add", "eve"}).output), "");
+  EXPECT_FALSE(Contains(MustAs(lead, {"user", "list"}), "eve"));
+
+  // What a grant gives, a revoke takes away.
+  const std::string notes = work_->Sub("notes");
+  std::filesystem::create_directories(notes);
+  ASSERT_TRUE(WriteFile(notes + "/oncall.md", "dev is on call\n"));
+  ExpectRefused(dev, {"import", notes, "/memories/org/notes"}, "");
+  MustAs(lead, {"grant", "write", "/memories/org", "--to", "user:dev"});
+  MustAs(dev, {"import", notes, "/memories/org/notes"});
+  EXPECT_EQ(MustAs(ops, {"cat", "/memories/org/notes/oncall.md"}),
+            "dev is on call\n");
+  MustAs(lead, {"revoke", "/memories/org", "--from", "user:dev"});
+  ExpectRefused(lead, {"revoke", "/memories/org", "--from", "user:dev"}, "");
+  // Grants reach other processes at once (each command is a new process).
+  ASSERT_TRUE(WriteFile(notes + "/oncall.md", "changed\n"));
+  ExpectRefused(dev, {"import", notes, "/memories/org/notes"}, "");
+  ExpectRefused(lead, {"grant", "sudo", "/memories", "--to", "user:dev"},
+                "read, write or admin");
+  ExpectRefused(lead, {"grant", "read", "/memories", "--to", "dev"},
+                "user:NAME");
+  ExpectRefused(lead, {"grant", "read", "/workspace", "--to", "user:dev"},
+                "outside the store");
+
+  // Teams: members write the team's folder.
+  MustAs(lead, {"team", "add", "sre"});
+  ExpectRefused(ops, {"import", notes, "/memories/teams/sre/notes"}, "");
+  MustAs(lead, {"team", "member", "add", "sre", "ops"});
+  MustAs(ops, {"import", notes, "/memories/teams/sre/notes"});
+  users = MustAs(lead, {"user", "list"});
+  EXPECT_TRUE(std::regex_search(users, std::regex(R"(\nops +enabled +sre\n)")))
+      << users;
+  MustAs(lead, {"team", "member", "remove", "sre", "ops"});
+  ExpectRefused(ops, {"import", notes, "/memories/teams/sre/notes"}, "");
+
+  // Disabling stops the token; enabling brings it back; a new token
+  // replaces the old one.
+  MustAs(lead, {"user", "disable", "dev"});
+  ExpectRefused(dev, {"history", "/memories/org/notes/oncall.md"}, "disabled");
+  EXPECT_TRUE(std::regex_search(MustAs(lead, {"user", "list"}),
+                                std::regex(R"(\ndev +disabled)")));
+  MustAs(lead, {"user", "enable", "dev"});
+  MustAs(dev, {"history", "/memories/org/notes/oncall.md"});
+  const std::string new_dev = FindToken(MustAs(lead, {"user", "token", "dev"}));
+  ASSERT_FALSE(new_dev.empty());
+  EXPECT_NE(new_dev, dev);
+  ExpectRefused(dev, {"history", "/memories/org/notes/oncall.md"},
+                "token is not valid");
+  MustAs(new_dev, {"history", "/memories/org/notes/oncall.md"});
+}
+
+TEST_F(StoreCliTest, HistoryCatAndRestore) {
+  const std::string lead = Init();
+  const std::string dev = AddUser(lead, "dev");
+  MustAs(lead, {"grant", "write", "/memories/org", "--to", "user:dev"});
+  const std::string file = "/memories/org/oncall.md";
+  const std::string v1 = "on call: alice\n", v2 = "on call: bob\n",
+                    v3 = "on call: carol (until friday)\n";
+
+  // Version 1 through the API, 2 and 3 through `import` as dev.
+  ASSERT_TRUE(ApiWrite("lead", file, v1));
+  const std::string host = work_->Sub("org");
+  std::filesystem::create_directories(host);
+  ASSERT_TRUE(WriteFile(host + "/oncall.md", v2));
+  MustAs(dev, {"import", host, "/memories/org"});
+  ASSERT_TRUE(WriteFile(host + "/oncall.md", v3));
+  MustAs(dev, {"import", host, "/memories/org"});
+
+  auto versions = History(dev, file);
+  ASSERT_EQ(versions.size(), 3u);
+  const std::vector<std::string> contents = {v1, v2, v3};
+  const std::vector<std::string> authors = {"lead", "dev", "dev"};
+  for (size_t i = 0; i < 3; ++i) {
+    SCOPED_TRACE("version " + std::to_string(i + 1));
+    EXPECT_EQ(versions[i].at("version"), static_cast<int64_t>(i + 1));
+    EXPECT_EQ(versions[i].at("author"), authors[i]);
+    EXPECT_EQ(versions[i].at("size"), contents[i].size());
+    EXPECT_TRUE(std::regex_match(versions[i].at("hash").get<std::string>(),
+                                 std::regex("[0-9a-f]{64}")));
+    EXPECT_EQ(versions[i].at("deleted"), false);
+    EXPECT_TRUE(
+        std::regex_match(versions[i].at("time").get<std::string>(),
+                         std::regex(R"(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ)")));
+  }
+  // The hash identifies the content: three contents, three hashes.
+  EXPECT_NE(versions[0].at("hash"), versions[1].at("hash"));
+  EXPECT_NE(versions[1].at("hash"), versions[2].at("hash"));
+  EXPECT_EQ(versions[0].at("session"), "api-lead");
+  EXPECT_TRUE(
+      versions[1].at("session").get<std::string>().starts_with("cli-import-"));
+
+  // The table says the same for people.
+  auto table = Lines(MustAs(dev, {"history", file}));
+  ASSERT_EQ(table.size(), 4u) << MustAs(dev, {"history", file});
+  EXPECT_TRUE(table[0].starts_with("VERSION")) << table[0];
+  EXPECT_TRUE(Contains(table[0], "AUTHOR")) << table[0];
+  EXPECT_TRUE(std::regex_search(
+      table[2],
+      std::regex("^2 +\\d{4}-\\d\\d-\\d\\d \\d\\d:\\d\\d:\\d\\d +dev +"
+                 "cli-import-[0-9a-f]{16} +" +
+                 std::to_string(v2.size()) + " +" +
+                 versions[1].at("hash").get<std::string>().substr(0, 12) +
+                 "$")))
+      << table[2];
+
+  // cat: the current content, or any version.
+  EXPECT_EQ(MustAs(dev, {"cat", file}), v3);
+  EXPECT_EQ(MustAs(dev, {"cat", file, "--version", "1"}), v1);
+  EXPECT_EQ(MustAs(dev, {"cat", file, "--version", "2"}), v2);
+  ExpectRefused(dev, {"cat", file, "--version", "9"}, "no version 9");
+
+  // restore: a new version with the old content.
+  std::string out = MustAs(dev, {"restore", file, "--version", "1"});
+  EXPECT_TRUE(Contains(out, "as version 4")) << out;
+  EXPECT_EQ(MustAs(dev, {"cat", file}), v1);
+  versions = History(dev, file);
+  ASSERT_EQ(versions.size(), 4u);
+  EXPECT_EQ(versions[3].at("author"), "dev");
+  EXPECT_EQ(versions[3].at("hash"), versions[0].at("hash"));
+  EXPECT_EQ(MustAs(dev, {"cat", file, "--version", "3"}), v3);
+
+  // A deleted file keeps its history and can be restored.
+  {
+    auto backend = store::StoreBackend::Open(db_);
+    ASSERT_TRUE(backend.has_value());
+    vfs::Caller c;
+    c.user = "dev";
+    c.session = "api-dev";
+    ASSERT_TRUE((*backend)->Unlink(c, *vfs::Path::Parse(file)).has_value());
+  }
+  ExpectRefused(dev, {"cat", file}, "");
+  table = Lines(MustAs(dev, {"history", file}));
+  ASSERT_EQ(table.size(), 6u);
+  EXPECT_TRUE(std::regex_search(table[5], std::regex("^5 .* deleted$")))
+      << table[5];
+  const std::string v2_hash = versions[1].at("hash");
+  out = MustAs(dev, {"restore", file, "--version", "2"});
+  EXPECT_TRUE(Contains(out, "restored version 2 of " + file)) << out;
+  EXPECT_EQ(MustAs(dev, {"cat", file}), v2);
+  versions = History(dev, file);
+  ASSERT_FALSE(versions.empty());
+  EXPECT_EQ(versions.back().at("hash"), v2_hash);
+
+  // Someone who cannot read the file sees no history; read-only cannot
+  // restore.
+  const std::string ops = AddUser(lead, "ops");
+  ExpectRefused(ops, {"history", "/memories/users/dev/x"}, "");
+  const size_t before = History(dev, file).size();
+  ExpectRefused(ops, {"restore", file, "--version", "1"}, "");
+  EXPECT_EQ(History(dev, file).size(), before);
+  EXPECT_EQ(MustAs(dev, {"cat", file}), v2);
+
+  // Paths outside the store are refused before anything else happens.
+  ExpectRefused(dev, {"history", "/workspace/x"}, "not in the store");
+  ExpectRefused(dev, {"cat", "memories/org/oncall.md"}, "not a store path");
+  ExpectRefused(dev, {"restore", "/etc/passwd", "--version", "1"},
+                "/memories or /skills");
+}
+
+TEST_F(StoreCliTest, PurgeErasesVersionsAndTheirBytes) {
+  const std::string lead = Init();
+  const std::string dev = AddUser(lead, "dev");
+  const std::string file = "/memories/users/dev/secret.md";
+  const std::string old_secret = "leaked-password-" + RandomHex(32);
+  const std::string current = "rotated-" + RandomHex(32);
+  ASSERT_TRUE(ApiWrite("dev", file, old_secret));
+  ASSERT_TRUE(ApiWrite("dev", file, current));
+  ASSERT_EQ(History(dev, file).size(), 2u);
+  // The bytes are there to be found before the purge.
+  ASSERT_TRUE(Contains(AllFileBytes(store_dir_->path()), old_secret));
+
+  ExpectRefused(dev, {"purge", file, "--keep-current"}, "admin");
+  EXPECT_EQ(History(dev, file).size(), 2u);
+
+  std::string out = MustAs(lead, {"purge", file, "--keep-current"});
+  EXPECT_TRUE(Contains(out, "1 version(s)")) << out;
+  auto versions = History(dev, file);
+  ASSERT_EQ(versions.size(), 1u);
+  EXPECT_EQ(versions[0].at("version"), 2);
+  EXPECT_EQ(MustAs(dev, {"cat", file}), current);
+  ExpectRefused(dev, {"cat", file, "--version", "1"}, "no version 1");
+  std::string bytes = AllFileBytes(store_dir_->path());
+  EXPECT_FALSE(Contains(bytes, old_secret))
+      << "purged content is still in the store's files";
+  EXPECT_TRUE(Contains(bytes, current));
+
+  // Without --keep-current the file goes too.
+  out = MustAs(lead, {"purge", file});
+  EXPECT_TRUE(Contains(out, "1 file(s)")) << out;
+  ExpectRefused(dev, {"cat", file}, "");
+  ExpectRefused(dev, {"history", file}, "");
+  EXPECT_FALSE(Contains(AllFileBytes(store_dir_->path()), current));
+}
+
+TEST_F(StoreCliTest, SkillsImportListAndExportRoundTrip) {
+  const std::string lead = Init();
+  const std::string dev = AddUser(lead, "dev");
+  const std::string skills = MakeSkills();
+
+  ExpectRefused(dev, {"skills", "import", skills}, "");
+  std::string out = MustAs(lead, {"skills", "import", skills});
+  EXPECT_EQ(Lines(out), (std::vector<std::string>{
+                            "imported hello: Say hello.",
+                            "imported pdf-tools: Extract text and tables from "
+                            "PDF files."}))
+      << out;
+  EXPECT_EQ(Lines(MustAs(dev, {"skills", "list"})),
+            (std::vector<std::string>{
+                "hello: Say hello.",
+                "pdf-tools: Extract text and tables from PDF files."}));
+  EXPECT_EQ(MustAs(dev, {"cat", "/skills/pdf-tools/scripts/extract.sh"}),
+            "#!/bin/sh\necho \"extracted: $1\"\n");
+
+  // Export: byte for byte, with modes, symlinks and mtimes.
+  const std::string backup = work_->Sub("backup");
+  out = MustAs(dev, {"export", "/skills", backup});
+  EXPECT_EQ(ListDir(backup), (std::vector<std::string>{"hello", "pdf-tools"}));
+  for (const char* skill : {"hello", "pdf-tools"}) {
+    EXPECT_EQ(CompareTrees(skills + "/" + skill, backup + "/" + skill),
+              std::vector<std::string>{})
+        << skill;
+  }
+  // Into a non-empty directory only when asked; what is there stays.
+  ExpectRefused(dev, {"export", "/skills", backup}, "not empty");
+  EXPECT_EQ(CompareTrees(skills + "/pdf-tools", backup + "/pdf-tools"),
+            std::vector<std::string>{});
+  ASSERT_TRUE(WriteFile(backup + "/mine.txt", "keep me"));
+  MustAs(dev, {"export", "/skills", backup, "--merge"});
+  EXPECT_EQ(ReadFile(backup + "/mine.txt"), "keep me");
+  // A failed export into a new directory leaves nothing behind.
+  ExpectRefused(dev, {"export", "/skills/pdf-tools/SKILL.md", work_->Sub("x")},
+                "");
+  EXPECT_FALSE(std::filesystem::exists(work_->Sub("x")));
+
+  // Re-importing a changed skill updates it (and drops deleted files);
+  // the old content stays in the history.
+  ASSERT_TRUE(
+      WriteFile(skills + "/hello/SKILL.md",
+                "---\nname: hello\ndescription: Say hello twice.\n---\n"));
+  MustAs(lead, {"skills", "import", skills + "/hello"});
+  EXPECT_EQ(Lines(MustAs(dev, {"skills", "list"})),
+            (std::vector<std::string>{
+                "hello: Say hello twice.",
+                "pdf-tools: Extract text and tables from PDF files."}));
+  EXPECT_EQ(History(dev, "/skills/hello/SKILL.md").size(), 2u);
+}
+
+TEST_F(StoreCliTest, SkillsImportRejectsABadSkillAndImportsNothing) {
+  const std::string lead = Init();
+  const std::string skills = MakeSkills();
+  std::filesystem::create_directories(skills + "/broken");
+  ASSERT_TRUE(WriteFile(skills + "/broken/SKILL.md",
+                        "---\nname: broken\ndescription: \"\"\n---\n"));
+  CommandResult r = As(lead, {"skills", "import", skills});
+  EXPECT_NE(r.exit_status, 0) << r.output;
+  EXPECT_TRUE(Contains(r.output, "agentvfs skills import:")) << r.output;
+  EXPECT_TRUE(Contains(r.output, "broken/SKILL.md")) << r.output;
+  EXPECT_TRUE(Contains(r.output, "description")) << r.output;
+  EXPECT_EQ(MustAs(lead, {"skills", "list"}), "") << "nothing is imported";
+  const std::string empty = work_->Sub("empty");
+  MustAs(lead, {"export", "/skills", empty});
+  EXPECT_EQ(ListDir(empty), std::vector<std::string>{});
+
+  // A name that does not match its folder is named too.
+  ASSERT_TRUE(WriteFile(skills + "/broken/SKILL.md",
+                        "---\nname: Broken\ndescription: ok\n---\n"));
+  r = As(lead, {"skills", "import", skills + "/broken"});
+  EXPECT_NE(r.exit_status, 0) << r.output;
+  EXPECT_TRUE(Contains(r.output, "SKILL.md")) << r.output;
+  EXPECT_TRUE(Contains(r.output, "'name'")) << r.output;
+  EXPECT_EQ(MustAs(lead, {"skills", "list"}), "");
+}
+
+TEST_F(StoreCliTest, MountServesTheStoreAsTheUser) {
+  const std::string lead = Init();
+  const std::string dev = AddUser(lead, "dev", {"--team", "eng"});
+  MustAs(lead, {"skills", "import", MakeSkills()});
+  ASSERT_TRUE(ApiWrite("lead", "/memories/users/lead/private.md", "mine"));
+  ASSERT_TRUE(ApiWrite("lead", "/memories/org/oncall.md", "alice\n"));
+  ASSERT_TRUE(WriteFile(work_->Sub("dev.token"), dev + "\n", 0600));
+
+  TempDir ws("agentvfs-cli-ws"), mnt("agentvfs-cli-mnt");
+  std::string error;
+  auto view = MountedView::Start(
+      ws.path(), mnt.path(),
+      {"--store", db_, "--token-file", work_->Sub("dev.token")}, &error);
+  ASSERT_NE(view, nullptr) << error;
+  const std::string root = view->mountpoint();
+  EXPECT_EQ(ListDir(root),
+            (std::vector<std::string>{"memories", "skills", "workspace"}));
+  EXPECT_EQ(ListDir(root + "/skills"),
+            (std::vector<std::string>{"hello", "pdf-tools"}));
+  EXPECT_EQ(ReadFile(root + "/memories/org/oncall.md"), "alice\n");
+  EXPECT_EQ(ListDir(root + "/memories/users"), std::vector<std::string>{"dev"})
+      << "dev sees only their own folder";
+  EXPECT_EQ(ReadFile(root + "/memories/users/lead/private.md"), std::nullopt);
+
+  // The imported skill: its SKILL.md reads as written, its script runs.
+  const std::string skill = root + "/skills/pdf-tools";
+  EXPECT_EQ(ReadFile(skill + "/SKILL.md"),
+            ReadFile(work_->Sub("my-skills/pdf-tools/SKILL.md")));
+  const std::string script = skill + "/scripts/extract.sh";
+  struct stat st;
+  ASSERT_EQ(stat(script.c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 0777, 0755u);
+  EXPECT_EQ(access(script.c_str(), X_OK), 0);
+  CommandResult ran = RunCommand({"/bin/sh", script, "report.pdf"});
+  EXPECT_EQ(ran.exit_status, 0) << ran.output;
+  EXPECT_EQ(ran.output, "extracted: report.pdf\n");
+  ran = RunCommand({script, "direct.pdf"});
+  EXPECT_EQ(ran.output, "extracted: direct.pdf\n");
+  EXPECT_EQ(ReadFile(skill + "/reference/table.bin"),
+            ReadFile(work_->Sub("my-skills/pdf-tools/reference/table.bin")));
+
+  // What dev writes through the mount is a version by dev.
+  ASSERT_TRUE(WriteFile(root + "/memories/users/dev/note.md", "remember\n"));
+  ASSERT_TRUE(WriteFile(root + "/memories/teams/eng/plan.md", "ship it\n"));
+  EXPECT_EQ(view->Stop(), 0) << view->Log();
+  EXPECT_FALSE(MountedView::IsMounted(mnt.path()));
+  auto versions = History(dev, "/memories/users/dev/note.md");
+  ASSERT_EQ(versions.size(), 1u);
+  EXPECT_EQ(versions[0].at("author"), "dev");
+  EXPECT_TRUE(
+      versions[0].at("session").get<std::string>().starts_with("mount-"));
+  EXPECT_EQ(MustAs(lead, {"cat", "/memories/teams/eng/plan.md"}), "ship it\n");
+}
+
+TEST_F(StoreCliTest, TheStoreIsNamedByFlagVariableOrConfigFile) {
+  const std::string lead = Init();
+  CommandResult r = Cli({"user", "list"}, {{"AGENTVFS_TOKEN", lead}});
+  EXPECT_NE(r.exit_status, 0);
+  EXPECT_TRUE(Contains(r.output, "no store given")) << r.output;
+  EXPECT_TRUE(Contains(r.output, "AGENTVFS_STORE")) << r.output;
+
+  r = Cli({"user", "list", "--store", db_}, {{"AGENTVFS_TOKEN", lead}});
+  EXPECT_EQ(r.exit_status, 0) << r.output;
+  r = Cli({"user", "list"},
+          {{"AGENTVFS_TOKEN", lead}, {"AGENTVFS_STORE", db_}});
+  EXPECT_EQ(r.exit_status, 0) << r.output;
+  const std::string config = work_->Sub("config.yaml");
+  ASSERT_TRUE(WriteFile(config, "store: " + db_ + "\n"));
+  r = Cli({"user", "list"},
+          {{"AGENTVFS_TOKEN", lead}, {"AGENTVFS_CONFIG", config}});
+  EXPECT_EQ(r.exit_status, 0) << r.output;
+  EXPECT_TRUE(Contains(r.output, "lead")) << r.output;
+
+  // A store that does not exist is not created by anything but init.
+  r = Cli({"user", "list", "--store", work_->Sub("nope.db")},
+          {{"AGENTVFS_TOKEN", lead}});
+  EXPECT_NE(r.exit_status, 0);
+  EXPECT_TRUE(Contains(r.output, "agentvfs init")) << r.output;
+  EXPECT_FALSE(std::filesystem::exists(work_->Sub("nope.db")));
+}
+
+}  // namespace
+}  // namespace agentvfs::e2e
