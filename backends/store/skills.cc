@@ -1,0 +1,1173 @@
+// Agent Skills validation (SKILL.md front matter read with yaml-cpp) and tree
+// copies between host directories and a vfs::Backend. Host-side walking is
+// fd-relative (openat/fstatat with O_NOFOLLOW / AT_SYMLINK_NOFOLLOW) so a
+// symlink in the source is copied as a link and never followed; backend-side
+// walking uses only the Backend interface, so the same code serves the store,
+// the router and local_dir.
+#include "backends/store/skills.h"
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <stdlib.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#include <yaml-cpp/yaml.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstdio>
+#include <memory>
+#include <set>
+#include <utility>
+
+namespace agentvfs::store {
+namespace {
+
+using vfs::Error;
+using vfs::Fail;
+using vfs::Path;
+using vfs::Result;
+using vfs::Status;
+
+using Sink = std::function<Status(std::string_view)>;
+
+constexpr std::string_view kSkillMd = "SKILL.md";
+constexpr std::string_view kAllowedFields[] = {"name",     "description",
+                                               "license",  "compatibility",
+                                               "metadata", "allowed-tools"};
+// Permission bits copied; setuid/setgid/sticky are dropped (see skills.h).
+constexpr mode_t kCopiedModeBits = 0777;
+
+std::unexpected<Error> Unexpected(Error e) {
+  return std::unexpected<Error>(std::move(e));
+}
+
+// `e` with `context` in front of its message, keeping its errno.
+std::unexpected<Error> WithContext(const Error& e, std::string_view context) {
+  std::string msg(context);
+  msg += ": ";
+  msg += e.message.empty() ? vfs::ErrnoName(e.code) : e.message;
+  return Unexpected(Error{e.code, std::move(msg)});
+}
+
+std::unexpected<Error> HostErrno(std::string_view op, std::string_view path) {
+  return Unexpected(vfs::FromErrno(errno, op, path));
+}
+
+// ---------------------------------------------------------------- messages
+
+// `s` with quotes, backslashes and control bytes escaped, cut after 80
+// characters: safe to put in a one-line message whatever a file holds.
+std::string Escaped(std::string_view s) {
+  constexpr size_t kMaxShownChars = 80;
+  std::string out;
+  size_t chars = 0;
+  for (unsigned char ch : s) {
+    bool starts_char = (ch & 0xC0) != 0x80;
+    if (starts_char && chars++ == kMaxShownChars) {
+      out += "...";
+      break;
+    }
+    if (ch == '"' || ch == '\\') {
+      out += '\\';
+      out += static_cast<char>(ch);
+    } else if (ch < 0x20 || ch == 0x7F) {
+      char hex[8];
+      std::snprintf(hex, sizeof hex, "\\x%02x", ch);
+      out += hex;
+    } else {
+      out += static_cast<char>(ch);
+    }
+  }
+  return out;
+}
+
+std::string Quote(std::string_view s) { return "\"" + Escaped(s) + "\""; }
+
+// Characters (UTF-8 code points), which is what the spec's limits count.
+size_t CountChars(std::string_view s) {
+  return static_cast<size_t>(std::count_if(s.begin(), s.end(), [](char c) {
+    return (static_cast<unsigned char>(c) & 0xC0) != 0x80;
+  }));
+}
+
+std::string TypeName(mode_t mode) {
+  switch (mode & S_IFMT) {
+    case S_IFREG:
+      return "regular file";
+    case S_IFDIR:
+      return "directory";
+    case S_IFLNK:
+      return "symlink";
+    case S_IFIFO:
+      return "FIFO";
+    case S_IFSOCK:
+      return "socket";
+    case S_IFCHR:
+      return "character device";
+    case S_IFBLK:
+      return "block device";
+    default:
+      return "file of unknown type";
+  }
+}
+
+std::string SpecialFileMessage(std::string_view shown, mode_t mode) {
+  return std::string(shown) + ": is a " + TypeName(mode) +
+         "; only regular files, directories and symlinks can be copied";
+}
+
+std::string JoinHost(std::string_view dir, std::string_view name) {
+  std::string out(dir);
+  if (out.empty() || out.back() != '/') out += '/';
+  out += name;
+  return out;
+}
+
+// Everything wrong with a skill or a set of skills; becomes one error whose
+// message lists the problems in the order found, and whose errno is the first
+// problem's (EINVAL for rule violations).
+class Problems {
+ public:
+  void Add(std::string message) { Add(Error{EINVAL, std::move(message)}); }
+  void Add(const Error& e) {
+    if (list_.empty()) code_ = e.code;
+    list_.push_back(e.message.empty() ? e.ToString() : e.message);
+  }
+  bool empty() const { return list_.empty(); }
+
+  Error ToError() const {
+    std::string msg;
+    for (const std::string& p : list_) {
+      if (!msg.empty()) msg += "; ";
+      msg += p;
+    }
+    return Error{code_, std::move(msg)};
+  }
+
+ private:
+  int code_ = EINVAL;
+  std::vector<std::string> list_;
+};
+
+// ---------------------------------------------------------------- SKILL.md
+
+std::string_view TrimLineEnd(std::string_view line) {
+  while (!line.empty() &&
+         (line.back() == '\r' || line.back() == ' ' || line.back() == '\t')) {
+    line.remove_suffix(1);
+  }
+  return line;
+}
+
+// The YAML between a first line "---" and the next line "---".
+Result<std::string_view> ExtractFrontMatter(std::string_view text,
+                                            std::string_view file) {
+  if (text.starts_with("\xEF\xBB\xBF")) text.remove_prefix(3);  // BOM
+  size_t eol = text.find('\n');
+  if (TrimLineEnd(text.substr(0, eol)) != "---") {
+    return Fail(EINVAL, std::string(file) +
+                            ": must start with YAML front matter: a first "
+                            "line \"---\", then name: and description:, then "
+                            "a line \"---\"");
+  }
+  if (eol != std::string_view::npos) {
+    size_t start = eol + 1;
+    for (size_t pos = start; pos < text.size();) {
+      size_t end = text.find('\n', pos);
+      std::string_view line =
+          text.substr(pos, end == std::string_view::npos ? end : end - pos);
+      if (TrimLineEnd(line) == "---") return text.substr(start, pos - start);
+      if (end == std::string_view::npos) break;
+      pos = end + 1;
+    }
+  }
+  return Fail(EINVAL, std::string(file) +
+                          ": front matter is not closed: no line \"---\" "
+                          "after the first");
+}
+
+std::string Describe(const YAML::Node& node) {
+  switch (node.Type()) {
+    case YAML::NodeType::Map:
+      return "a mapping";
+    case YAML::NodeType::Sequence:
+      return "a list";
+    case YAML::NodeType::Null:
+      return "empty";
+    default:
+      return "a string";
+  }
+}
+
+// Checks the front matter fields of one SKILL.md, adding every problem.
+class FieldChecker {
+ public:
+  FieldChecker(std::string_view file, std::string_view folder,
+               Problems& problems)
+      : file_(file), folder_(folder), problems_(problems) {}
+
+  void Check(const YAML::Node& root, SkillInfo& info) {
+    if (!root.IsDefined() || root.IsNull()) {
+      problems_.Add(file_ +
+                    ": front matter is empty; it needs name: and "
+                    "description:");
+      return;
+    }
+    if (!root.IsMap()) {
+      problems_.Add(file_ +
+                    ": front matter must be a mapping of fields (name: ..., "
+                    "description: ...), not " +
+                    Describe(root));
+      return;
+    }
+    std::map<std::string, YAML::Node> fields;
+    // By value: a yaml-cpp iterator's `->first` is a temporary, and a
+    // reference to it would dangle.
+    for (const auto& kv : root) {
+      const YAML::Node key = kv.first;
+      if (!key.IsScalar()) {
+        problems_.Add(file_ + ": front matter keys must be plain names, not " +
+                      Describe(key));
+        continue;
+      }
+      const std::string name = key.Scalar();
+      if (std::find(std::begin(kAllowedFields), std::end(kAllowedFields),
+                    name) == std::end(kAllowedFields)) {
+        problems_.Add(Field(name) +
+                      "not a field of the Agent Skills format (allowed: "
+                      "name, description, license, compatibility, metadata, "
+                      "allowed-tools); put custom keys under metadata:");
+        continue;
+      }
+      if (!fields.emplace(name, kv.second).second) {
+        problems_.Add(Field(name) + "is given more than once");
+      }
+    }
+
+    auto name = fields.find("name");
+    if (name == fields.end()) {
+      problems_.Add(Field("name") +
+                    "is required (the skill's name, equal to "
+                    "its folder's name " +
+                    Quote(folder_) + ")");
+    } else if (auto value = Required("name", name->second)) {
+      CheckName(*value);
+      info.name = *value;
+    }
+
+    auto description = fields.find("description");
+    if (description == fields.end()) {
+      problems_.Add(Field("description") +
+                    "is required (what the skill does and when to use it)");
+    } else if (auto value = Required("description", description->second)) {
+      CheckLength("description", *value, kMaxSkillDescriptionChars);
+      info.description = *value;
+    }
+
+    if (auto it = fields.find("license"); it != fields.end()) {
+      info.license = Optional("license", it->second);
+    }
+    if (auto it = fields.find("compatibility"); it != fields.end()) {
+      info.compatibility = Optional("compatibility", it->second);
+      if (info.compatibility) {
+        if (info.compatibility->empty()) {
+          problems_.Add(Field("compatibility") +
+                        "must not be empty when given");
+        }
+        CheckLength("compatibility", *info.compatibility,
+                    kMaxSkillCompatibilityChars);
+      }
+    }
+    if (auto it = fields.find("metadata"); it != fields.end()) {
+      CheckMetadata(it->second, info.metadata);
+    }
+    if (auto it = fields.find("allowed-tools"); it != fields.end()) {
+      info.allowed_tools = AllowedTools(it->second);
+    }
+  }
+
+ private:
+  std::string Field(std::string_view name) const {
+    return file_ + ": field '" + Escaped(name) + "': ";
+  }
+
+  // A required string field's value; nullopt (and a problem) when it is
+  // empty, blank or not a string.
+  std::optional<std::string> Required(std::string_view name,
+                                      const YAML::Node& node) {
+    if (node.IsScalar()) {
+      const std::string& value = node.Scalar();
+      if (value.find_first_not_of(" \t\r\n") != std::string::npos) {
+        return value;
+      }
+    }
+    if (node.IsScalar() || node.IsNull()) {
+      problems_.Add(Field(name) + "must not be empty");
+    } else {
+      problems_.Add(Field(name) + "must be a string, not " + Describe(node));
+    }
+    return std::nullopt;
+  }
+
+  std::optional<std::string> Optional(std::string_view name,
+                                      const YAML::Node& node) {
+    if (node.IsScalar()) return node.Scalar();
+    problems_.Add(Field(name) +
+                  (node.IsNull() ? std::string("has no value; give one or "
+                                               "remove the line")
+                                 : "must be a string, not " + Describe(node)));
+    return std::nullopt;
+  }
+
+  void CheckLength(std::string_view name, std::string_view value,
+                   size_t max_chars) {
+    size_t chars = CountChars(value);
+    if (chars > max_chars) {
+      problems_.Add(Field(name) + "must be at most " +
+                    std::to_string(max_chars) + " characters (got " +
+                    std::to_string(chars) + ")");
+    }
+  }
+
+  void CheckName(const std::string& name) {
+    std::string field = Field("name");
+    bool ok = true;
+    auto add = [&](std::string what) {
+      problems_.Add(field + what + " (got " + Quote(name) + ")");
+      ok = false;
+    };
+    if (!std::all_of(name.begin(), name.end(), [](char c) {
+          return (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '-';
+        })) {
+      add("must be lowercase letters, digits and hyphens");
+    }
+    if (size_t chars = CountChars(name); chars > kMaxSkillNameChars) {
+      problems_.Add(field + "must be at most " +
+                    std::to_string(kMaxSkillNameChars) + " characters (got " +
+                    std::to_string(chars) + ")");
+      ok = false;
+    }
+    if (name.front() == '-' || name.back() == '-') {
+      add("must not start or end with a hyphen");
+    }
+    if (name.find("--") != std::string::npos) {
+      add("must not contain two hyphens in a row");
+    }
+    // Only a well-formed name is compared with the folder: one message per
+    // mistake is clearer than "bad name, and also not the folder's".
+    if (ok && name != folder_) {
+      add("must match the skill's folder name " + Quote(folder_));
+    }
+  }
+
+  void CheckMetadata(const YAML::Node& node,
+                     std::map<std::string, std::string>& out) {
+    std::string field = Field("metadata");
+    if (!node.IsMap()) {
+      problems_.Add(field +
+                    "must be a mapping of string keys to string "
+                    "values, not " +
+                    Describe(node));
+      return;
+    }
+    for (const auto& kv : node) {
+      const YAML::Node key_node = kv.first;
+      const YAML::Node value = kv.second;
+      if (!key_node.IsScalar()) {
+        problems_.Add(field + "keys must be strings, not " +
+                      Describe(key_node));
+        continue;
+      }
+      const std::string key = key_node.Scalar();
+      if (!value.IsScalar()) {
+        problems_.Add(field + "the value of " + Quote(key) +
+                      " must be a string, not " + Describe(value));
+        continue;
+      }
+      if (!out.emplace(key, value.Scalar()).second) {
+        problems_.Add(field + "key " + Quote(key) + " is given more than once");
+      }
+    }
+  }
+
+  std::optional<std::string> AllowedTools(const YAML::Node& node) {
+    if (node.IsScalar()) return node.Scalar();
+    if (node.IsSequence()) {
+      std::string joined;
+      for (const YAML::Node& item : node) {
+        if (!item.IsScalar()) {
+          problems_.Add(Field("allowed-tools") +
+                        "list items must be strings, not " + Describe(item));
+          return std::nullopt;
+        }
+        if (!joined.empty()) joined += ' ';
+        joined += item.Scalar();
+      }
+      return joined;
+    }
+    problems_.Add(Field("allowed-tools") +
+                  "must be a space-separated string or a list of strings, "
+                  "not " +
+                  Describe(node));
+    return std::nullopt;
+  }
+
+  std::string file_;
+  std::string folder_;
+  Problems& problems_;
+};
+
+// ---------------------------------------------------------------- host side
+
+// An owned host file descriptor.
+class Fd {
+ public:
+  Fd() = default;
+  explicit Fd(int fd) : fd_(fd) {}
+  Fd(Fd&& other) noexcept : fd_(std::exchange(other.fd_, -1)) {}
+  Fd& operator=(Fd&& other) noexcept {
+    if (this != &other) {
+      Reset();
+      fd_ = std::exchange(other.fd_, -1);
+    }
+    return *this;
+  }
+  Fd(const Fd&) = delete;
+  Fd& operator=(const Fd&) = delete;
+  ~Fd() { Reset(); }
+
+  int get() const { return fd_; }
+  bool valid() const { return fd_ >= 0; }
+  // close(2) with its result: for a written file, the last chance to hear
+  // of a failed write.
+  int Close() { return ::close(std::exchange(fd_, -1)); }
+
+ private:
+  void Reset() {
+    if (fd_ >= 0) ::close(fd_);
+    fd_ = -1;
+  }
+  int fd_ = -1;
+};
+
+struct HostEntry {
+  std::string name;
+  struct stat st;  // lstat: a symlink is described, not followed
+};
+
+// The entries of the directory open at `dirfd`, sorted by name.
+Result<std::vector<HostEntry>> ListHostDir(int dirfd,
+                                           const std::string& shown) {
+  // A fresh open file description, so that reading it leaves dirfd alone.
+  int fd = openat(dirfd, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd < 0) return HostErrno("open directory", shown);
+  DIR* dir = fdopendir(fd);
+  if (dir == nullptr) {
+    int err = errno;
+    ::close(fd);
+    return Unexpected(vfs::FromErrno(err, "open directory", shown));
+  }
+  std::unique_ptr<DIR, int (*)(DIR*)> closer(dir, closedir);
+  std::vector<HostEntry> entries;
+  for (;;) {
+    errno = 0;
+    dirent* e = readdir(dir);
+    if (e == nullptr) {
+      if (errno != 0) return HostErrno("read directory", shown);
+      break;
+    }
+    std::string name = e->d_name;
+    if (name == "." || name == "..") continue;
+    HostEntry entry{name, {}};
+    if (fstatat(dirfd, name.c_str(), &entry.st, AT_SYMLINK_NOFOLLOW) != 0) {
+      return HostErrno("stat", JoinHost(shown, name));
+    }
+    entries.push_back(std::move(entry));
+  }
+  std::sort(
+      entries.begin(), entries.end(),
+      [](const HostEntry& a, const HostEntry& b) { return a.name < b.name; });
+  return entries;
+}
+
+Result<Fd> OpenHostSubdir(int dirfd, const std::string& name,
+                          const std::string& shown) {
+  Fd fd(openat(dirfd, name.c_str(),
+               O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
+  if (!fd.valid()) return HostErrno("open directory", shown);
+  return fd;
+}
+
+// Adds a problem for every special file in the tree below `dirfd`.
+Status ScanHostTree(int dirfd, const std::string& shown, Problems& problems) {
+  auto entries = ListHostDir(dirfd, shown);
+  if (!entries) return Unexpected(entries.error());
+  for (const HostEntry& e : *entries) {
+    std::string child = JoinHost(shown, e.name);
+    if (S_ISDIR(e.st.st_mode)) {
+      auto sub = OpenHostSubdir(dirfd, e.name, child);
+      if (!sub) return Unexpected(sub.error());
+      if (auto s = ScanHostTree(sub->get(), child, problems); !s) return s;
+    } else if (!S_ISREG(e.st.st_mode) && !S_ISLNK(e.st.st_mode)) {
+      problems.Add(SpecialFileMessage(child, e.st.st_mode));
+    }
+  }
+  return {};
+}
+
+// At most `limit` bytes from the start of the regular file `name`.
+Result<std::string> ReadHostPrefix(int dirfd, const std::string& name,
+                                   const std::string& shown, size_t limit) {
+  // O_NONBLOCK: a FIFO swapped in after the caller's lstat must not hang us.
+  Fd fd(openat(dirfd, name.c_str(),
+               O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC));
+  if (!fd.valid()) return HostErrno("open", shown);
+  struct stat st;
+  if (fstat(fd.get(), &st) != 0) return HostErrno("stat", shown);
+  if (!S_ISREG(st.st_mode)) {
+    return Fail(EINVAL, shown + ": must be a regular file, not a " +
+                            TypeName(st.st_mode));
+  }
+  std::string text(std::min<size_t>(limit, static_cast<size_t>(st.st_size)),
+                   '\0');
+  size_t got = 0;
+  while (got < text.size()) {
+    ssize_t n = pread(fd.get(), text.data() + got, text.size() - got,
+                      static_cast<off_t>(got));
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) return HostErrno("read", shown);
+    if (n == 0) break;
+    got += static_cast<size_t>(n);
+  }
+  text.resize(got);
+  return text;
+}
+
+Status WriteAllHost(int fd, std::string_view data, const std::string& shown) {
+  while (!data.empty()) {
+    ssize_t n = write(fd, data.data(), data.size());
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) return HostErrno("write", shown);
+    data.remove_prefix(static_cast<size_t>(n));
+  }
+  return {};
+}
+
+Result<std::string> ReadHostLink(int dirfd, const std::string& name,
+                                 const std::string& shown) {
+  std::vector<char> buf(PATH_MAX + 1);
+  ssize_t n = readlinkat(dirfd, name.c_str(), buf.data(), buf.size());
+  if (n < 0) return HostErrno("readlink", shown);
+  if (static_cast<size_t>(n) == buf.size()) {
+    return Fail(ENAMETOOLONG, shown + ": symlink target is too long");
+  }
+  return std::string(buf.data(), static_cast<size_t>(n));
+}
+
+// Gives a directory we are about to fill owner rwx (needed when not root).
+Status MakeHostDirWritable(int fd, const std::string& shown) {
+  struct stat st;
+  if (fstat(fd, &st) != 0) return HostErrno("stat", shown);
+  if ((st.st_mode & S_IRWXU) != S_IRWXU &&
+      fchmod(fd, (st.st_mode & 07777) | S_IRWXU) != 0) {
+    return HostErrno("chmod", shown);
+  }
+  return {};
+}
+
+timespec OmitTime() { return timespec{0, UTIME_OMIT}; }
+
+// The name of the folder `host_dir` names, also for "." and "dir/".
+std::string FolderName(const std::string& host_dir) {
+  std::string s = host_dir;
+  while (s.size() > 1 && s.back() == '/') s.pop_back();
+  size_t slash = s.rfind('/');
+  std::string base = slash == std::string::npos ? s : s.substr(slash + 1);
+  if (base.empty() || base == "." || base == "..") {
+    if (char* real = realpath(host_dir.c_str(), nullptr)) {
+      std::string r = real;
+      free(real);
+      base = r.substr(r.rfind('/') + 1);
+    }
+  }
+  return base;
+}
+
+// Validates the skill folder open at `dirfd` (named `folder` on the host,
+// shown as `shown` in messages).
+Result<SkillInfo> ValidateSkillAt(int dirfd, const std::string& shown,
+                                  const std::string& folder) {
+  Problems problems;
+  SkillInfo info;
+  std::string file = JoinHost(shown, kSkillMd);
+  struct stat st;
+  if (fstatat(dirfd, std::string(kSkillMd).c_str(), &st, AT_SYMLINK_NOFOLLOW) !=
+      0) {
+    if (errno == ENOENT) {
+      problems.Add(file +
+                   ": missing; a skill folder needs a SKILL.md whose front "
+                   "matter has name: and description:");
+    } else {
+      problems.Add(vfs::FromErrno(errno, "stat", file));
+    }
+  } else if (!S_ISREG(st.st_mode)) {
+    problems.Add(file + ": must be a regular file, not a " +
+                 TypeName(st.st_mode));
+  } else if (auto text = ReadHostPrefix(dirfd, std::string(kSkillMd), file,
+                                        kMaxSkillMdReadBytes);
+             !text) {
+    problems.Add(text.error());
+  } else if (auto parsed = ParseSkillMd(*text, folder, file); !parsed) {
+    problems.Add(parsed.error());
+  } else {
+    info = std::move(*parsed);
+  }
+  if (auto s = ScanHostTree(dirfd, shown, problems); !s)
+    problems.Add(s.error());
+  if (!problems.empty()) return Unexpected(problems.ToError());
+  return info;
+}
+
+// ---------------------------------------------------------------- copying
+
+// Reads `h` from offset 0 to EOF (or `limit` bytes) through `buf`.
+Status ReadHandle(vfs::FileHandle& h, std::vector<char>& buf, size_t limit,
+                  const Sink& sink) {
+  off_t offset = 0;
+  size_t total = 0;
+  while (total < limit) {
+    size_t want = std::min(buf.size(), limit - total);
+    auto n = h.Read(buf.data(), want, offset);
+    if (!n) return Unexpected(n.error());
+    if (*n == 0) break;
+    if (auto s = sink(std::string_view(buf.data(), *n)); !s) return s;
+    offset += static_cast<off_t>(*n);
+    total += *n;
+  }
+  return {};
+}
+
+bool IsNotSupported(const Error& e) {
+  return e.code == ENOTSUP || e.code == EOPNOTSUPP;
+}
+
+// One ImportTree call: host tree -> backend.
+class Importer {
+ public:
+  Importer(vfs::Backend& backend, const vfs::Caller& caller,
+           const ImportOptions& options)
+      : backend_(backend), caller_(caller), options_(options) {}
+
+  // Makes the top of the copy a directory we can fill: created when
+  // missing; ENOTDIR when something else is there.
+  Status PrepareTop(const Path& dest) {
+    auto attr = backend_.Stat(caller_, dest);
+    if (!attr && attr.error().code == ENOENT) {
+      if (auto s = backend_.Mkdir(caller_, dest, S_IRWXU); !s) {
+        return WithContext(s.error(), "create " + dest.str());
+      }
+      return {};
+    }
+    if (!attr) return WithContext(attr.error(), "stat " + dest.str());
+    if (!S_ISDIR(attr->st_mode)) {
+      return Fail(ENOTDIR, dest.str() + ": exists and is a " +
+                               TypeName(attr->st_mode) +
+                               ", not a directory to import into");
+    }
+    return MakeWritable(dest, attr->st_mode);
+  }
+
+  // Copies the entries of the host directory open at `dirfd` into the
+  // existing directory `dest`, then gives `dest` the mode and mtime `st`.
+  Status CopyDir(int dirfd, const std::string& shown, const Path& dest,
+                 const struct stat& st) {
+    auto entries = ListHostDir(dirfd, shown);
+    if (!entries) return Unexpected(entries.error());
+    auto listed = backend_.ReadDir(caller_, dest);
+    if (!listed) return WithContext(listed.error(), "list " + dest.str());
+
+    std::set<std::string> source_names;
+    for (const HostEntry& e : *entries) source_names.insert(e.name);
+    std::set<std::string> existing;
+    for (const vfs::DirEntry& d : *listed) {
+      if (source_names.contains(d.name)) {
+        existing.insert(d.name);
+      } else if (options_.remove_extra) {
+        auto child = dest.Child(d.name);
+        if (!child) return WithContext(child.error(), dest.str());
+        if (auto s = RemoveTree(*child); !s) return s;
+      }
+    }
+
+    for (const HostEntry& e : *entries) {
+      std::string child_shown = JoinHost(shown, e.name);
+      auto child = dest.Child(e.name);
+      if (!child) return WithContext(child.error(), child_shown);
+      // What `dest` already has under this name (null: nothing).
+      vfs::Attr old_attr{};
+      const vfs::Attr* old = nullptr;
+      if (existing.contains(e.name)) {
+        auto attr = backend_.Stat(caller_, *child);
+        if (!attr) return WithContext(attr.error(), "stat " + child->str());
+        old_attr = *attr;
+        old = &old_attr;
+        if ((old->st_mode & S_IFMT) != (e.st.st_mode & S_IFMT)) {
+          if (auto s = RemoveTree(*child); !s) return s;
+          old = nullptr;
+        }
+      }
+      Status s;
+      if (S_ISREG(e.st.st_mode)) {
+        s = CopyFile(dirfd, e.name, child_shown, *child, old);
+      } else if (S_ISDIR(e.st.st_mode)) {
+        s = CopySubdir(dirfd, e.name, child_shown, *child, old);
+      } else if (S_ISLNK(e.st.st_mode)) {
+        s = CopySymlink(dirfd, e, child_shown, *child, old);
+      } else {
+        s = Fail(EINVAL, SpecialFileMessage(child_shown, e.st.st_mode));
+      }
+      if (!s) return s;
+    }
+    return SetModeAndTime(dest, st);
+  }
+
+ private:
+  Status CopySubdir(int dirfd, const std::string& name,
+                    const std::string& shown, const Path& dest,
+                    const vfs::Attr* old) {
+    auto sub = OpenHostSubdir(dirfd, name, shown);
+    if (!sub) return Unexpected(sub.error());
+    struct stat st;
+    if (fstat(sub->get(), &st) != 0) return HostErrno("stat", shown);
+    if (!old) {
+      if (auto s = backend_.Mkdir(caller_, dest, S_IRWXU); !s) {
+        return WithContext(s.error(), "create " + dest.str());
+      }
+    } else if (auto s = MakeWritable(dest, old->st_mode); !s) {
+      return s;
+    }
+    return CopyDir(sub->get(), shown, dest, st);
+  }
+
+  Status CopyFile(int dirfd, const std::string& name, const std::string& shown,
+                  const Path& dest, const vfs::Attr* old) {
+    // O_NONBLOCK: a FIFO swapped in since the listing must not hang us.
+    Fd in(openat(dirfd, name.c_str(),
+                 O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC));
+    if (!in.valid()) return HostErrno("open", shown);
+    struct stat st;
+    if (fstat(in.get(), &st) != 0) return HostErrno("stat", shown);
+    if (!S_ISREG(st.st_mode)) {
+      return Fail(EINVAL, shown + ": changed while being copied (now a " +
+                              TypeName(st.st_mode) + ")");
+    }
+    if (old && (old->st_mode & S_IWUSR) == 0) {
+      if (auto s =
+              backend_.Chmod(caller_, dest, (old->st_mode & 07777) | S_IWUSR);
+          !s) {
+        return WithContext(s.error(), "chmod " + dest.str());
+      }
+    }
+    auto handle =
+        backend_.Open(caller_, dest, O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW,
+                      S_IRUSR | S_IWUSR);
+    if (!handle) return WithContext(handle.error(), "open " + dest.str());
+    off_t offset = 0;
+    for (;;) {
+      ssize_t n = read(in.get(), buf_.data(), buf_.size());
+      if (n < 0 && errno == EINTR) continue;
+      if (n < 0) return HostErrno("read", shown);
+      if (n == 0) break;
+      size_t done = 0;
+      while (done < static_cast<size_t>(n)) {
+        auto w = (*handle)->Write(buf_.data() + done,
+                                  static_cast<size_t>(n) - done, offset);
+        if (!w) return WithContext(w.error(), "write " + dest.str());
+        if (*w == 0) return Fail(EIO, "write " + dest.str() + ": no progress");
+        done += *w;
+        offset += static_cast<off_t>(*w);
+      }
+    }
+    // Flush is where a committing backend commits; then close the handle
+    // before changing attributes by path.
+    if (auto s = (*handle)->Flush(); !s) {
+      return WithContext(s.error(), "commit " + dest.str());
+    }
+    handle->reset();
+    return SetModeAndTime(dest, st);
+  }
+
+  Status CopySymlink(int dirfd, const HostEntry& e, const std::string& shown,
+                     const Path& dest, const vfs::Attr* old) {
+    auto target = ReadHostLink(dirfd, e.name, shown);
+    if (!target) return Unexpected(target.error());
+    bool create = true;
+    if (old) {
+      auto current = backend_.Readlink(caller_, dest);
+      if (current && *current == *target) {
+        create = false;
+      } else if (auto s = backend_.Unlink(caller_, dest); !s) {
+        return WithContext(s.error(), "remove " + dest.str());
+      }
+    }
+    if (create) {
+      if (auto s = backend_.Symlink(caller_, *target, dest); !s) {
+        return WithContext(s.error(), "symlink " + dest.str());
+      }
+    }
+    timespec times[2] = {OmitTime(), e.st.st_mtim};
+    if (auto s = backend_.Utimens(caller_, dest, times);
+        !s && !IsNotSupported(s.error())) {
+      return WithContext(s.error(), "set mtime of " + dest.str());
+    }
+    return {};
+  }
+
+  // Gives `path` the permission bits and mtime of `st` (mode only when it
+  // differs, so an unchanged mode makes no change in a versioned store).
+  Status SetModeAndTime(const Path& path, const struct stat& st) {
+    mode_t want = st.st_mode & kCopiedModeBits;
+    auto attr = backend_.Stat(caller_, path);
+    if (!attr) return WithContext(attr.error(), "stat " + path.str());
+    if ((attr->st_mode & 07777) != want) {
+      if (auto s = backend_.Chmod(caller_, path, want); !s) {
+        return WithContext(s.error(), "chmod " + path.str());
+      }
+    }
+    timespec times[2] = {OmitTime(), st.st_mtim};
+    if (auto s = backend_.Utimens(caller_, path, times); !s) {
+      return WithContext(s.error(), "set mtime of " + path.str());
+    }
+    return {};
+  }
+
+  // Owner rwx on a directory we are about to fill or empty (when not root).
+  Status MakeWritable(const Path& dir, mode_t mode) {
+    if ((mode & S_IRWXU) == S_IRWXU) return {};
+    if (auto s = backend_.Chmod(caller_, dir, (mode & 07777) | S_IRWXU); !s) {
+      return WithContext(s.error(), "chmod " + dir.str());
+    }
+    return {};
+  }
+
+  Status RemoveTree(const Path& path) {
+    auto attr = backend_.Stat(caller_, path);
+    if (!attr) {
+      if (attr.error().code == ENOENT) return {};
+      return WithContext(attr.error(), "stat " + path.str());
+    }
+    if (!S_ISDIR(attr->st_mode)) {
+      if (auto s = backend_.Unlink(caller_, path); !s) {
+        return WithContext(s.error(), "remove " + path.str());
+      }
+      return {};
+    }
+    if (auto s = MakeWritable(path, attr->st_mode); !s) return s;
+    auto listed = backend_.ReadDir(caller_, path);
+    if (!listed) return WithContext(listed.error(), "list " + path.str());
+    for (const vfs::DirEntry& d : *listed) {
+      auto child = path.Child(d.name);
+      if (!child) return WithContext(child.error(), path.str());
+      if (auto s = RemoveTree(*child); !s) return s;
+    }
+    if (auto s = backend_.Rmdir(caller_, path); !s) {
+      return WithContext(s.error(), "remove " + path.str());
+    }
+    return {};
+  }
+
+  vfs::Backend& backend_;
+  const vfs::Caller& caller_;
+  const ImportOptions& options_;
+  std::vector<char> buf_ = std::vector<char>(kCopyPieceBytes);
+};
+
+// One ExportTree call: backend tree -> host.
+class Exporter {
+ public:
+  Exporter(vfs::Backend& backend, const vfs::Caller& caller)
+      : backend_(backend), caller_(caller) {}
+
+  // Copies the entries of the backend directory `src` into the host
+  // directory open at `dirfd` (shown as `shown`).
+  Status CopyDir(const Path& src, int dirfd, const std::string& shown) {
+    auto listed = backend_.ReadDir(caller_, src);
+    if (!listed) return WithContext(listed.error(), "list " + src.str());
+    std::sort(listed->begin(), listed->end(),
+              [](const vfs::DirEntry& a, const vfs::DirEntry& b) {
+                return a.name < b.name;
+              });
+    for (const vfs::DirEntry& d : *listed) {
+      auto child = src.Child(d.name);
+      if (!child) return WithContext(child.error(), src.str());
+      auto attr = backend_.Stat(caller_, *child);
+      if (!attr) return WithContext(attr.error(), "stat " + child->str());
+      std::string child_shown = JoinHost(shown, d.name);
+      if (auto s = CopyEntry(*child, *attr, dirfd, d.name, child_shown); !s) {
+        return s;
+      }
+    }
+    return {};
+  }
+
+ private:
+  Status CopyEntry(const Path& src, const vfs::Attr& attr, int dirfd,
+                   const std::string& name, const std::string& shown) {
+    mode_t type = attr.st_mode & S_IFMT;
+    if (type != S_IFREG && type != S_IFDIR && type != S_IFLNK) {
+      return Fail(EINVAL, SpecialFileMessage(src.str(), attr.st_mode));
+    }
+    // What is already on the host under this name: a directory is merged
+    // into (or refused), anything else is unlinked, never written through.
+    bool have_dir = false;
+    struct stat host;
+    if (fstatat(dirfd, name.c_str(), &host, AT_SYMLINK_NOFOLLOW) == 0) {
+      if (S_ISDIR(host.st_mode)) {
+        if (type != S_IFDIR) {
+          return Fail(EEXIST, shown + ": is a directory on the host, but " +
+                                  src.str() + " is a " + TypeName(type) +
+                                  "; remove it or export elsewhere");
+        }
+        have_dir = true;
+      } else if (unlinkat(dirfd, name.c_str(), 0) != 0) {
+        return HostErrno("remove", shown);
+      }
+    } else if (errno != ENOENT) {
+      return HostErrno("stat", shown);
+    }
+
+    timespec times[2] = {OmitTime(), attr.st_mtim};
+    mode_t mode = attr.st_mode & kCopiedModeBits;
+    if (type == S_IFLNK) {
+      auto target = backend_.Readlink(caller_, src);
+      if (!target) return WithContext(target.error(), "readlink " + src.str());
+      if (symlinkat(target->c_str(), dirfd, name.c_str()) != 0) {
+        return HostErrno("symlink", shown);
+      }
+      if (utimensat(dirfd, name.c_str(), times, AT_SYMLINK_NOFOLLOW) != 0 &&
+          errno != EOPNOTSUPP) {
+        return HostErrno("set mtime of", shown);
+      }
+      return {};
+    }
+    if (type == S_IFDIR) {
+      if (!have_dir && mkdirat(dirfd, name.c_str(), S_IRWXU) != 0) {
+        return HostErrno("mkdir", shown);
+      }
+      auto sub = OpenHostSubdir(dirfd, name, shown);
+      if (!sub) return Unexpected(sub.error());
+      if (auto s = MakeHostDirWritable(sub->get(), shown); !s) return s;
+      if (auto s = CopyDir(src, sub->get(), shown); !s) return s;
+      if (fchmod(sub->get(), mode) != 0) return HostErrno("chmod", shown);
+      if (futimens(sub->get(), times) != 0) {
+        return HostErrno("set mtime of", shown);
+      }
+      return {};
+    }
+    auto handle = backend_.Open(caller_, src, O_RDONLY | O_NOFOLLOW, 0);
+    if (!handle) return WithContext(handle.error(), "open " + src.str());
+    Fd out(openat(dirfd, name.c_str(),
+                  O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC,
+                  S_IRUSR | S_IWUSR));
+    if (!out.valid()) return HostErrno("create", shown);
+    if (auto s = ReadHandle(**handle, buf_, SIZE_MAX,
+                            [&](std::string_view piece) {
+                              return WriteAllHost(out.get(), piece, shown);
+                            });
+        !s) {
+      return WithContext(s.error(), "copy " + src.str());
+    }
+    if (fchmod(out.get(), mode) != 0) return HostErrno("chmod", shown);
+    if (futimens(out.get(), times) != 0)
+      return HostErrno("set mtime of", shown);
+    if (out.Close() != 0) return HostErrno("close", shown);
+    return {};
+  }
+
+  vfs::Backend& backend_;
+  const vfs::Caller& caller_;
+  std::vector<char> buf_ = std::vector<char>(kCopyPieceBytes);
+};
+
+}  // namespace
+
+vfs::Result<SkillInfo> ParseSkillMd(std::string_view text,
+                                    std::string_view folder_name,
+                                    std::string_view file_for_messages) {
+  std::string file(file_for_messages);
+  auto yaml = ExtractFrontMatter(text, file);
+  if (!yaml) return Unexpected(yaml.error());
+  Problems problems;
+  SkillInfo info;
+  try {
+    YAML::Node root = YAML::Load(std::string(*yaml));
+    FieldChecker(file, folder_name, problems).Check(root, info);
+  } catch (const YAML::Exception& e) {
+    std::string where;
+    if (!e.mark.is_null()) {
+      // The front matter starts on the file's second line.
+      where = " (line " + std::to_string(e.mark.line + 2) + ", column " +
+              std::to_string(e.mark.column + 1) + ")";
+    }
+    return Fail(EINVAL, file + ": front matter is not valid YAML" + where +
+                            ": " + e.msg);
+  }
+  if (!problems.empty()) return Unexpected(problems.ToError());
+  return info;
+}
+
+vfs::Result<SkillInfo> ValidateSkillFolder(const std::string& host_dir) {
+  Fd root(open(host_dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+  if (!root.valid()) return HostErrno("open directory", host_dir);
+  return ValidateSkillAt(root.get(), host_dir, FolderName(host_dir));
+}
+
+vfs::Result<std::vector<HostSkill>> FindSkills(const std::string& host_dir) {
+  Fd root(open(host_dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+  if (!root.valid()) return HostErrno("open directory", host_dir);
+  struct stat st;
+  if (fstatat(root.get(), std::string(kSkillMd).c_str(), &st,
+              AT_SYMLINK_NOFOLLOW) == 0 ||
+      errno != ENOENT) {
+    auto info = ValidateSkillAt(root.get(), host_dir, FolderName(host_dir));
+    if (!info) return Unexpected(info.error());
+    return std::vector<HostSkill>{HostSkill{host_dir, std::move(*info)}};
+  }
+
+  auto entries = ListHostDir(root.get(), host_dir);
+  if (!entries) return Unexpected(entries.error());
+  Problems problems;
+  std::vector<HostSkill> skills;
+  for (const HostEntry& e : *entries) {
+    if (e.name.starts_with('.') || S_ISREG(e.st.st_mode)) continue;
+    std::string shown = JoinHost(host_dir, e.name);
+    if (S_ISLNK(e.st.st_mode)) {
+      problems.Add(shown +
+                   ": is a symlink; skills are imported from real folders "
+                   "(import the folder it points to by its own path)");
+    } else if (!S_ISDIR(e.st.st_mode)) {
+      problems.Add(shown + ": is a " + TypeName(e.st.st_mode) +
+                   "; a folder of skills holds skill folders");
+    } else if (auto sub = OpenHostSubdir(root.get(), e.name, shown); !sub) {
+      problems.Add(sub.error());
+    } else if (auto info = ValidateSkillAt(sub->get(), shown, e.name); !info) {
+      problems.Add(info.error());
+    } else {
+      skills.push_back(HostSkill{shown, std::move(*info)});
+    }
+  }
+  if (!problems.empty()) return Unexpected(problems.ToError());
+  if (skills.empty()) {
+    return Fail(EINVAL, host_dir +
+                            ": holds no SKILL.md and no skill folders; give a "
+                            "skill folder or a folder of skill folders");
+  }
+  return skills;
+}
+
+vfs::Status ImportTree(vfs::Backend& backend, const vfs::Caller& caller,
+                       const std::string& host_dir, const vfs::Path& dest,
+                       const ImportOptions& options) {
+  Fd root(open(host_dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+  if (!root.valid()) return HostErrno("open directory", host_dir);
+  // Refuse special files before writing anything.
+  Problems problems;
+  if (auto s = ScanHostTree(root.get(), host_dir, problems); !s) return s;
+  if (!problems.empty()) return Unexpected(problems.ToError());
+  struct stat st;
+  if (fstat(root.get(), &st) != 0) return HostErrno("stat", host_dir);
+
+  Importer importer(backend, caller, options);
+  if (auto s = importer.PrepareTop(dest); !s) return s;
+  return importer.CopyDir(root.get(), host_dir, dest, st);
+}
+
+vfs::Status ExportTree(vfs::Backend& backend, const vfs::Caller& caller,
+                       const vfs::Path& src, const std::string& host_dir,
+                       const ExportOptions& options) {
+  auto attr = backend.Stat(caller, src);
+  if (!attr) return WithContext(attr.error(), "stat " + src.str());
+  if (!S_ISDIR(attr->st_mode)) {
+    return Fail(ENOTDIR, src.str() + ": is a " + TypeName(attr->st_mode) +
+                             "; export copies a directory");
+  }
+  bool created = mkdir(host_dir.c_str(), S_IRWXU) == 0;
+  if (!created && errno != EEXIST) return HostErrno("mkdir", host_dir);
+  Fd root(open(host_dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+  if (!root.valid()) return HostErrno("open directory", host_dir);
+  if (!created && !options.into_non_empty) {
+    auto entries = ListHostDir(root.get(), host_dir);
+    if (!entries) return Unexpected(entries.error());
+    if (!entries->empty()) {
+      return Fail(EEXIST, host_dir +
+                              ": is not empty; export into a new or empty "
+                              "directory, or ask to merge into this one");
+    }
+  }
+  if (auto s = MakeHostDirWritable(root.get(), host_dir); !s) return s;
+  Exporter exporter(backend, caller);
+  if (auto s = exporter.CopyDir(src, root.get(), host_dir); !s) return s;
+  timespec times[2] = {OmitTime(), attr->st_mtim};
+  if (fchmod(root.get(), attr->st_mode & kCopiedModeBits) != 0) {
+    return HostErrno("chmod", host_dir);
+  }
+  if (futimens(root.get(), times) != 0) {
+    return HostErrno("set mtime of", host_dir);
+  }
+  return {};
+}
+
+vfs::Result<std::vector<SkillInfo>> ImportSkills(vfs::Backend& backend,
+                                                 const vfs::Caller& caller,
+                                                 const std::string& host_dir) {
+  auto skills = FindSkills(host_dir);
+  if (!skills) return Unexpected(skills.error());
+  auto root = Path::Parse(kSkillsRoot);
+  if (!root) return Unexpected(root.error());
+  std::vector<SkillInfo> imported;
+  for (HostSkill& skill : *skills) {
+    auto dest = root->Child(skill.info.name);
+    if (!dest) return WithContext(dest.error(), skill.host_dir);
+    if (auto s = ImportTree(backend, caller, skill.host_dir, *dest); !s) {
+      return WithContext(s.error(), "importing skill " + skill.info.name +
+                                        " from " + skill.host_dir);
+    }
+    imported.push_back(std::move(skill.info));
+  }
+  std::sort(
+      imported.begin(), imported.end(),
+      [](const SkillInfo& a, const SkillInfo& b) { return a.name < b.name; });
+  return imported;
+}
+
+vfs::Result<SkillInfo> ReadSkillInfo(vfs::Backend& backend,
+                                     const vfs::Caller& caller,
+                                     const vfs::Path& skill_dir) {
+  auto md = skill_dir.Child(kSkillMd);
+  if (!md) return Unexpected(md.error());
+  auto handle = backend.Open(caller, *md, O_RDONLY | O_NOFOLLOW, 0);
+  if (!handle) return Unexpected(handle.error());
+  std::string text;
+  std::vector<char> buf(size_t{64} << 10);
+  if (auto s = ReadHandle(**handle, buf, kMaxSkillMdReadBytes,
+                          [&](std::string_view piece) -> Status {
+                            text.append(piece);
+                            return {};
+                          });
+      !s) {
+    return WithContext(s.error(), "read " + md->str());
+  }
+  return ParseSkillMd(text, skill_dir.Name(), md->str());
+}
+
+vfs::Status ReadInPieces(vfs::Backend& backend, const vfs::Caller& caller,
+                         const vfs::Path& path, const Sink& sink) {
+  auto handle = backend.Open(caller, path, O_RDONLY | O_NOFOLLOW, 0);
+  if (!handle) return Unexpected(handle.error());
+  std::vector<char> buf(kCopyPieceBytes);
+  return ReadHandle(**handle, buf, SIZE_MAX, sink);
+}
+
+}  // namespace agentvfs::store
