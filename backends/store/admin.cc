@@ -1,6 +1,8 @@
 // Store administration: the default layout, users, teams, grants (admin.h).
 #include "backends/store/admin.h"
 
+#include <unistd.h>
+
 #include "backends/store/namespace.h"
 #include "vfs/path.h"
 
@@ -112,11 +114,13 @@ vfs::Status MakeDirs(Txn& txn, const std::string& path, int64_t now_ns) {
 vfs::Result<std::string> InitStore(const std::string& name,
                                    const std::string& admin) {
   TRY(ValidateName("user", admin));
+  std::string file = name.starts_with("sqlite:") ? name.substr(7) : name;
+  bool existed = ::access(file.c_str(), F_OK) == 0;
   auto engine = Engine::Open(name, true);
   if (!engine) return std::unexpected(engine.error());
   auto token = NewToken();
   if (!token) return token;
-  TRY((*engine)->Write(Durability::kFull, [&](Txn& txn) -> vfs::Status {
+  auto made = (*engine)->Write(Durability::kFull, [&](Txn& txn) -> vfs::Status {
     auto users = txn.Query("SELECT COUNT(*) FROM users");
     if (!users) return std::unexpected(users.error());
     if (AsInt((*users)[0][0]) > 0) {
@@ -141,7 +145,17 @@ vfs::Result<std::string> InitStore(const std::string& name,
                 "INSERT INTO meta(key, value) VALUES('created_ns', ?) "
                 "ON CONFLICT(key) DO NOTHING",
                 {std::to_string(now)});
-  }));
+  });
+  if (!made) {
+    // Leave nothing behind that a second attempt would trip over.
+    engine->reset();
+    if (!existed && !name.starts_with("postgres")) {
+      for (const char* suffix : {"", "-wal", "-shm"}) {
+        ::unlink((file + suffix).c_str());
+      }
+    }
+    return std::unexpected(made.error());
+  }
   return token;
 }
 

@@ -4,11 +4,13 @@
 // a writer's fsync. The schema lives here as numbered migrations, each run in
 // its own transaction and recorded in PRAGMA user_version.
 #include <sqlite3.h>
+#include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <array>
 #include <chrono>
+#include <cstring>
 #include <filesystem>
 #include <map>
 #include <mutex>
@@ -461,13 +463,21 @@ vfs::Result<std::unique_ptr<Engine>> OpenSqliteEngine(const std::string& path,
   if (exists && !S_ISREG(st.st_mode)) {
     return vfs::Fail(EINVAL, path + " is not a store file");
   }
-  auto writer = Connection::Open(
-      path, SQLITE_OPEN_READWRITE | (create ? SQLITE_OPEN_CREATE : 0));
+  if (!exists) {
+    // Private to the owner from the first byte: the database holds token
+    // hashes and everyone's memories. (An empty file is a new database;
+    // SQLite gives its -wal and -shm files the same mode.)
+    int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+    if (fd < 0) {
+      return vfs::Fail(errno == ENOENT ? ENOENT : EACCES,
+                       "cannot create the store " + path + ": " +
+                           std::strerror(errno));
+    }
+    ::close(fd);
+  }
+  auto writer = Connection::Open(path, SQLITE_OPEN_READWRITE);
   if (!writer) return std::unexpected(writer.error());
   Connection& w = **writer;
-  // Private to the owner: the database holds token hashes and everyone's
-  // memories.
-  if (!exists) ::chmod(path.c_str(), 0600);
   for (std::string_view pragma :
        {"PRAGMA journal_mode=WAL", "PRAGMA synchronous=FULL",
         "PRAGMA foreign_keys=OFF", "PRAGMA temp_store=MEMORY"}) {

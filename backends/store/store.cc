@@ -1649,9 +1649,27 @@ Result<VersionInfo> StoreBackend::Restore(const Caller& c, const Path& path,
     if (!rows->empty()) mode = static_cast<mode_t>(AsInt((*rows)[0][0]));
     return {};
   }));
-  // Parents of a deleted file may be gone too.
+  // A deleted file comes back as itself (its history goes on), with any
+  // parent directories that are gone too.
   TRY(engine_->Write(Durability::kProcess, [&](Txn& txn) -> Status {
-    return MakeDirs(txn, path.Parent().str(), NowNs());
+    int64_t now = NowNs();
+    TRY(MakeDirs(txn, path.Parent().str(), now));
+    TRY_ASSIGN(w, Walk(txn, path.str(), false));
+    if (w.node || !w.parent) return {};
+    std::string canon;
+    TRY_ASSIGN(ino, FileOfPath(txn, path.str(), &canon));
+    TRY_ASSIGN(inode, LoadInode(txn, ino));
+    if (!inode || !inode->deleted || inode->nlink != 0) return {};
+    auto d = txn.Exec("INSERT INTO dentries(parent, name, ino) VALUES(?, ?, ?)",
+                      {w.parent->ino, w.name, ino});
+    if (!d) return std::unexpected(d.error());
+    auto u = txn.Exec(
+        "UPDATE inodes SET nlink = 1, deleted_ns = NULL, ctime_ns = ? "
+        "WHERE ino = ?",
+        {now, ino});
+    if (!u) return std::unexpected(u.error());
+    TRY(TouchDir(txn, w.parent->ino, now));
+    return RecordChange(txn, w.path, c.session, now);
   }));
   // The restorer has just looked at the history: what it restores over is
   // what it saw.
@@ -1689,11 +1707,21 @@ Result<PurgeReport> StoreBackend::Purge(const Caller& c, const Path& path,
   int64_t now = NowNs();
   TRY(engine_->Write(Durability::kFull, [&](Txn& txn) -> Status {
     std::string canon;
-    TRY_ASSIGN(ino, FileOfPath(txn, path.str(), &canon));
-    TRY_ASSIGN(inode, LoadInode(txn, ino));
+    TRY_ASSIGN(current, FileOfPath(txn, path.str(), &canon));
+    // The file at the path and every deleted file that was there before.
+    std::vector<int64_t> inos{current};
+    auto earlier = txn.Query(
+        "SELECT DISTINCT v.ino FROM versions v JOIN inodes i ON i.ino = v.ino "
+        "WHERE v.path = ? AND i.nlink = 0 AND v.ino != ?",
+        {path.str(), current});
+    if (!earlier) return std::unexpected(earlier.error());
+    for (const auto& r : *earlier) inos.push_back(AsInt(r[0]));
     std::vector<std::string> hashes;
+    for (int64_t ino : inos) {
+    TRY_ASSIGN(inode, LoadInode(txn, ino));
+    bool keep = keep_current && inode && !inode->deleted;
     auto old = txn.Query(
-        keep_current
+        keep
             ? "SELECT DISTINCT content FROM versions WHERE ino = ? AND n < ? "
               "AND content IS NOT NULL"
             : "SELECT DISTINCT content FROM versions WHERE ino = ? AND ? >= 0 "
@@ -1701,13 +1729,13 @@ Result<PurgeReport> StoreBackend::Purge(const Caller& c, const Path& path,
         {ino, inode ? inode->version : int64_t{0}});
     if (!old) return std::unexpected(old.error());
     for (const auto& r : *old) hashes.push_back(AsText(r[0]));
-    auto del = txn.Exec(keep_current
+    auto del = txn.Exec(keep
                             ? "DELETE FROM versions WHERE ino = ? AND n < ?"
                             : "DELETE FROM versions WHERE ino = ? AND ? >= 0",
                         {ino, inode ? inode->version : int64_t{0}});
     if (!del) return std::unexpected(del.error());
-    report.versions = *del;
-    if (!keep_current && inode) {
+    report.versions += *del;
+    if (!keep && inode) {
       if (!inode->content.empty()) hashes.push_back(inode->content);
       auto names = txn.Query("SELECT parent, name FROM dentries WHERE ino = ?",
                              {ino});
@@ -1722,8 +1750,9 @@ Result<PurgeReport> StoreBackend::Purge(const Caller& c, const Path& path,
       if (!di) return std::unexpected(di.error());
       auto dl = txn.Exec("DELETE FROM leases WHERE ino = ?", {ino});
       if (!dl) return std::unexpected(dl.error());
-      report.files = 1;
+      report.files += 1;
       TRY(RecordChange(txn, canon, c.session, now));
+    }
     }
     // Content nobody refers to any more goes, and chunks nobody shares.
     for (const auto& h : hashes) {

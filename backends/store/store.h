@@ -69,7 +69,9 @@ struct VersionInfo {
   std::string session;
   int64_t time_ns = 0;
   int64_t size = 0;
-  std::string content_hash;  // SHA-256 hex; empty for a delete
+  // SHA-256 (hex) over the content's chunk list (see docs/store.md), not of
+  // the bytes themselves; empty for a delete.
+  std::string content_hash;
   mode_t mode = 0;
   bool deleted = false;  // a tombstone: the file's last name was removed
 };
@@ -135,12 +137,14 @@ class StoreBackend final : public vfs::Backend {
   vfs::Result<std::unique_ptr<vfs::FileHandle>> OpenVersion(
       const vfs::Caller& c, const vfs::Path& path, int64_t n);
   // Commits version `n`'s content (and mode) as a new version at `path`,
-  // re-creating the file (and missing parent directories) if it was
-  // deleted. Nothing is rewritten: the restore is itself a version.
+  // bringing a deleted file back as itself (its history continues) with any
+  // missing parent directories. Nothing is rewritten: the restore is itself
+  // a version.
   vfs::Result<VersionInfo> Restore(const vfs::Caller& c, const vfs::Path& path,
                                    int64_t n);
-  // Erases for good: every version of the file at (or last at) `path` (all
-  // of them, or only those older than the current one when `keep_current`),
+  // Erases for good: every version of the file at (or last at) `path` and
+  // of the deleted files that were there before it (all of them, or, for a
+  // live file with `keep_current`, those older than its current one),
   // and content no version refers to any more; then compacts the database
   // so the bytes are gone from its files. A live file purged without
   // keep_current is removed.

@@ -39,7 +39,9 @@ class TwoMountsTest : public ::testing::Test {
   }
   void TearDown() override {
     for (auto& v : views_) {
-      if (v) EXPECT_EQ(v->Stop(), 0) << v->Log();
+      if (v) {
+        EXPECT_EQ(v->Stop(), 0) << v->Log();
+      }
     }
   }
 

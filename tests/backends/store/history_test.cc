@@ -100,7 +100,9 @@ TEST_F(HistoryTest, EveryCommitIsAVersionWithItsAuthorAndHash) {
     EXPECT_EQ(h[i].path, kFile);
     EXPECT_FALSE(h[i].deleted);
     EXPECT_EQ(h[i].content_hash.size(), 64u);
-    if (i > 0) EXPECT_GE(h[i].time_ns, h[i - 1].time_ns);
+    if (i > 0) {
+      EXPECT_GE(h[i].time_ns, h[i - 1].time_ns);
+    }
   }
   EXPECT_EQ(h[0].size, 4);
   EXPECT_EQ(h[1].size, 8);
@@ -155,8 +157,19 @@ TEST_F(HistoryTest, DeletedFilesStayRecoverable) {
   EXPECT_EQ(h[1].author, "dev");
   EXPECT_ERRNO(backend_->OpenVersion(dev_, P(path), 2), ENOENT);
   EXPECT_EQ(Version(path, 1), "remember me\n");
-  ASSERT_OK(backend_->Restore(dev_, P(path), 1));
+  ASSERT_OK_AND_ASSIGN(auto restored, backend_->Restore(dev_, P(path), 1));
+  EXPECT_EQ(restored.n, 3) << "the file comes back as itself";
   EXPECT_EQ(Get(dev_, path), "remember me\n");
+  ASSERT_OK_AND_ASSIGN(h, backend_->History(dev_, P(path)));
+  ASSERT_EQ(h.size(), 3u) << "its history goes on";
+  EXPECT_TRUE(h[1].deleted);
+  // A full purge erases it and its whole past.
+  ASSERT_OK(backend_->Unlink(dev_, P(path)));
+  ASSERT_OK(Put(dev_, path, "a new file at the old name\n"));
+  ASSERT_OK_AND_ASSIGN(auto report, backend_->Purge(admin_, P(path), false));
+  EXPECT_EQ(report.files, 2);
+  EXPECT_EQ(report.versions, 5);
+  EXPECT_ERRNO(backend_->History(dev_, P(path)), ENOENT);
 }
 
 std::string FileBytes(const std::string& path) {
