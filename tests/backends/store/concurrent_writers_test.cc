@@ -1,0 +1,666 @@
+// Concurrent writers of the store (issue 3, acceptance point 4): eight
+// processes, each with its own StoreBackend and session, append to and
+// overwrite the same shared memories at once. Every commit a writer was told
+// succeeded is in History exactly once, as that writer's change on top of
+// the version before it (no lost update, no mix); every rejection reached
+// the writer that lost, as EBUSY or ESTALE with a message naming the file
+// and the other writer; nothing a writer was not told about was committed;
+// the current content is the last version. Writers that retry until they
+// succeed get every record in, exactly once. Also the same rules between two
+// sessions of one process, step by step.
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <array>
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <latch>
+#include <map>
+#include <memory>
+#include <random>
+#include <set>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <tuple>
+#include <vector>
+
+#include "backends/store/admin.h"
+#include "backends/store/engine.h"
+#include "backends/store/store.h"
+#include "tests/backends/store/process_test_util.h"
+#include "tests/support/result_matchers.h"
+#include "tests/support/store_fixture.h"
+
+namespace agentvfs::store {
+namespace {
+
+using test_util::P;
+using test_util::Quote;
+using test_util::ReadPath;
+using test_util::ReadVersion;
+using test_util::SendLine;
+
+const std::vector<std::string> kUsers = {"a", "b", "c", "d",
+                                         "e", "f", "g", "h"};
+constexpr char kShared[] = "/memories/org/shared";
+const std::string kLog = std::string(kShared) + "/log.md";      // appends
+const std::string kNotes = std::string(kShared) + "/notes.md";  // both
+const std::string kRetry = std::string(kShared) + "/retry.md";  // appends
+constexpr char kInit[] = "init\n";
+
+// One write a writer attempted, and what the store told it.
+struct Attempt {
+  std::string path;
+  std::string user;
+  int j = 0;        // the writer's operation number
+  char kind = 'a';  // 'a' append, 'o' overwrite
+  bool ok = false;
+  std::string stage;  // where it failed: open, write, flush
+  int err = 0;
+  std::string message;
+};
+
+// The record a write puts in the file: unique per (user, j, kind).
+std::string Record(const std::string& user, int j, char kind) {
+  return user + " " + std::to_string(j) + " " + kind + "\n";
+}
+
+struct Plan {
+  std::string user;
+  std::string session;
+  std::vector<std::string> files;
+  int ops = 0;
+  bool retry = false;  // retry each write until it is committed
+  uint64_t seed = 0;
+};
+
+// --- the writer (runs in a forked child) ------------------------------------
+//
+// Reports, one line each: "K <path> <j> <kind>" committed; "X <path> <j>
+// <kind> <stage> <errno> <message>" rejected; "E <text>" gave up.
+
+class Child {
+ public:
+  Child(StoreBackend& backend, const Plan& plan, int out)
+      : backend_(backend), plan_(plan), rng_(plan.seed), out_(out) {
+    caller_.user = plan.user;
+    caller_.session = plan.session;
+  }
+
+  [[noreturn]] void Run() {
+    for (int j = 0; j < plan_.ops; ++j) {
+      const std::string& path =
+          plan_.files[Uniform(0, static_cast<int>(plan_.files.size()) - 1)];
+      char kind = path == kNotes && Uniform(0, 1) == 0 ? 'o' : 'a';
+      for (int attempt = 0;; ++attempt) {
+        if (attempt > 100'000) Die("no progress on " + path);
+        if (Try(path, j, kind) || !plan_.retry) break;
+      }
+    }
+    _exit(0);
+  }
+
+ private:
+  int Uniform(int lo, int hi) {
+    return std::uniform_int_distribution<int>(lo, hi)(rng_);
+  }
+
+  [[noreturn]] void Die(const std::string& why) {
+    SendLine(out_, ("E " + plan_.user + ": " + why).substr(0, 1000) + "\n");
+    _exit(3);
+  }
+
+  // One attempt; true when committed. After ESTALE the writer reads the
+  // file again (as an agent would), so that its next attempt may succeed.
+  bool Try(const std::string& path, int j, char kind) {
+    std::string head = path + " " + std::to_string(j) + " " + kind;
+    std::string record = Record(plan_.user, j, kind);
+    std::string stage = "open";
+    vfs::Status result;
+    {
+      int flags = O_WRONLY | (kind == 'a' ? O_APPEND : O_TRUNC);
+      auto file = backend_.Open(caller_, P(path), flags, 0644);
+      if (!file) {
+        result = std::unexpected(file.error());
+      } else {
+        stage = "write";
+        auto put = (*file)->Write(record.data(), record.size(), 0);
+        if (!put) {
+          result = std::unexpected(put.error());
+        } else if (*put != record.size()) {
+          result = vfs::Fail(EIO, "short write");
+        } else {
+          // Now and then keep the file open a little, so that others find
+          // it busy.
+          if (Uniform(0, 2) == 0) {
+            std::this_thread::sleep_for(
+                std::chrono::microseconds(Uniform(0, 1000)));
+          }
+          stage = "flush";
+          result = (*file)->Flush();
+        }
+      }
+    }
+    if (result) {
+      SendLine(out_, "K " + head + "\n");
+      return true;
+    }
+    std::string message = result.error().message;
+    for (char& ch : message) {
+      if (ch == '\n') ch = ' ';
+    }
+    SendLine(out_, ("X " + head + " " + stage + " " +
+                    std::to_string(result.error().code) + " " + message)
+                           .substr(0, 2000) +
+                       "\n");
+    if (result.error().code == ESTALE) {
+      if (auto again = ReadPath(backend_, caller_, path); !again) {
+        Die("re-reading " + path + ": " + again.error().ToString());
+      }
+    } else if (result.error().code == EBUSY) {
+      std::this_thread::sleep_for(std::chrono::microseconds(Uniform(0, 2000)));
+    }
+    return false;
+  }
+
+  StoreBackend& backend_;
+  const Plan& plan_;
+  std::mt19937 rng_;
+  int out_;
+  vfs::Caller caller_;
+};
+
+std::vector<Attempt> ParseAttempts(const std::string& user,
+                                   const std::string& text,
+                                   std::vector<std::string>* errors) {
+  std::vector<Attempt> out;
+  for (const auto& line : test_util::SplitLines(text)) {
+    std::istringstream in(line);
+    std::string tag;
+    Attempt a;
+    a.user = user;
+    in >> tag >> a.path >> a.j >> a.kind;
+    if (tag == "K" && in) {
+      a.ok = true;
+    } else if (tag == "X" && (in >> a.stage >> a.err)) {
+      std::getline(in, a.message);
+      if (!a.message.empty() && a.message[0] == ' ') a.message.erase(0, 1);
+    } else {
+      errors->push_back(user + ": " + line);
+      continue;
+    }
+    out.push_back(std::move(a));
+  }
+  return out;
+}
+
+class ConcurrentWritersTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    ASSERT_OK_AND_ASSIGN(fx_, testing::StoreFixture::Create(kUsers));
+    {
+      ASSERT_OK_AND_ASSIGN(auto engine, Engine::Open(fx_->db(), false));
+      ASSERT_OK(Grant(*engine, "admin", "/memories/org",
+                      Subject{"everyone", ""}, Level::kWrite));
+    }
+    auto backend = fx_->OpenBackend();
+    ASSERT_NE(backend, nullptr);
+    vfs::Caller admin = fx_->CallerFor("admin", "setup");
+    ASSERT_OK(backend->Mkdir(admin, P(kShared), 0755));
+    for (const auto& path : {kLog, kNotes, kRetry}) {
+      ASSERT_OK_AND_ASSIGN(
+          auto file,
+          backend->Open(admin, P(path), O_WRONLY | O_CREAT | O_EXCL, 0644));
+      ASSERT_OK(file->Write(kInit, sizeof kInit - 1, 0));
+      ASSERT_OK(file->Flush());
+    }
+    // The backend (and its thread) goes before any fork.
+  }
+
+  // Forks one writer per plan, starts them together, and collects what
+  // they report. The parent holds no store open across the forks.
+  std::vector<Attempt> RunWriters(const std::vector<Plan>& plans) {
+    std::vector<Attempt> attempts;
+    int ready[2], go[2];
+    if (pipe(ready) != 0 || pipe(go) != 0) {
+      ADD_FAILURE() << "pipe failed";
+      return attempts;
+    }
+    std::vector<std::array<int, 2>> out(plans.size());
+    for (auto& p : out) {
+      if (pipe(p.data()) != 0) {
+        ADD_FAILURE() << "pipe failed";
+        return attempts;
+      }
+      (void)fcntl(p[1], F_SETPIPE_SZ, 1 << 20);
+    }
+    std::vector<pid_t> pids;
+    for (size_t i = 0; i < plans.size(); ++i) {
+      pid_t pid = fork();
+      if (pid < 0) {
+        ADD_FAILURE() << "fork failed";
+        break;
+      }
+      if (pid == 0) {
+        prctl(PR_SET_PDEATHSIG, SIGKILL);
+        close(ready[0]);
+        close(go[1]);
+        for (size_t k = 0; k < out.size(); ++k) {
+          close(out[k][0]);
+          if (k != i) close(out[k][1]);
+        }
+        auto backend = StoreBackend::Open(fx_->db());
+        if (!backend) {
+          SendLine(out[i][1],
+                   "E open store: " + backend.error().ToString() + "\n");
+          _exit(3);
+        }
+        // Ready; then wait until the parent lets everyone go at once.
+        SendLine(ready[1], "r");
+        char byte;
+        while (read(go[0], &byte, 1) < 0 && errno == EINTR) {
+        }
+        Child(**backend, plans[i], out[i][1]).Run();
+      }
+      pids.push_back(pid);
+    }
+    close(ready[1]);
+    close(go[0]);
+    std::vector<int> fds;
+    for (auto& p : out) {
+      close(p[1]);
+      fds.push_back(p[0]);
+    }
+    size_t ready_count = 0;
+    char buf[64];
+    while (ready_count < pids.size()) {
+      ssize_t n = read(ready[0], buf, sizeof buf);
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) break;
+      ready_count += static_cast<size_t>(n);
+    }
+    close(ready[0]);
+    EXPECT_EQ(ready_count, plans.size()) << "not every writer got ready";
+    close(go[1]);  // go
+
+    bool timed_out = false;
+    auto texts =
+        test_util::ReadUntilEof(fds, std::chrono::seconds(240), &timed_out);
+    for (int fd : fds) close(fd);
+    EXPECT_FALSE(timed_out) << "the writers did not finish in time";
+    for (pid_t pid : pids) {
+      if (timed_out) kill(pid, SIGKILL);
+      int status = 0;
+      waitpid(pid, &status, 0);
+      EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0)
+          << "writer " << pid << " ended with status " << status;
+    }
+    std::vector<std::string> errors;
+    for (size_t i = 0; i < plans.size(); ++i) {
+      auto some = ParseAttempts(plans[i].user, texts[i], &errors);
+      attempts.insert(attempts.end(), some.begin(), some.end());
+    }
+    for (const auto& e : errors) ADD_FAILURE() << "writer reported: " << e;
+    return attempts;
+  }
+
+  // Rejections are EBUSY or ESTALE, each with a message that names the file
+  // and the other writer.
+  void CheckRejections(const std::vector<Attempt>& attempts) {
+    std::map<std::string, int> counts;
+    for (const auto& a : attempts) {
+      if (a.ok) {
+        ++counts["committed"];
+        continue;
+      }
+      ++counts[vfs::ErrnoName(a.err) + " at " + a.stage];
+      std::string what = a.user + " " + std::to_string(a.j) + " " + a.kind +
+                         " on " + a.path + ": " + vfs::ErrnoName(a.err) +
+                         " at " + a.stage + ": " + Quote(a.message, 400);
+      EXPECT_TRUE(a.err == EBUSY || a.err == ESTALE) << what;
+      EXPECT_NE(a.message.find(a.path), std::string::npos)
+          << "the message does not name the file: " << what;
+      EXPECT_NE(a.message.find("user '"), std::string::npos)
+          << "the message does not name the other writer: " << what;
+      EXPECT_EQ(a.message.find("user '" + a.user + "'"), std::string::npos)
+          << "the writer is told about itself: " << what;
+    }
+    std::string summary;
+    for (const auto& [k, n] : counts) {
+      summary += " " + k + ": " + std::to_string(n) + ";";
+    }
+    std::printf("attempts:%s\n", summary.c_str());
+  }
+
+  // History of `path` against what the writers were told: returns the
+  // final content.
+  std::string CheckHistory(const std::string& path,
+                           const std::vector<Attempt>& attempts,
+                           const std::map<std::string, std::string>& sessions) {
+    SCOPED_TRACE(path);
+    using Key = std::tuple<std::string, int, char>;
+    std::map<Key, const Attempt*> acked, rejected;
+    for (const auto& a : attempts) {
+      if (a.path != path) continue;
+      (a.ok ? acked : rejected)[Key{a.user, a.j, a.kind}] = &a;
+    }
+    auto backend = fx_->OpenBackend();
+    if (backend == nullptr) return "";
+    vfs::Caller admin = fx_->CallerFor("admin", "check");
+    auto history = backend->History(admin, P(path));
+    if (!history) {
+      ADD_FAILURE() << "History: " << history.error().ToString();
+      return "";
+    }
+    if (history->empty()) {
+      ADD_FAILURE() << "no versions";
+      return "";
+    }
+    std::string prev;
+    std::set<Key> found;
+    for (const auto& v : *history) {
+      SCOPED_TRACE("version " + std::to_string(v.n) + " by session " +
+                   v.session);
+      EXPECT_FALSE(v.deleted);
+      auto got = ReadVersion(*backend, admin, path, v.n);
+      if (!got) {
+        ADD_FAILURE() << "reading it: " << got.error().ToString();
+        return "";
+      }
+      const std::string& content = *got;
+      EXPECT_EQ(v.size, static_cast<int64_t>(content.size()));
+      if (&v == &history->front()) {
+        EXPECT_EQ(content, kInit);
+        EXPECT_EQ(v.session, "setup");
+        prev = content;
+        continue;
+      }
+      // One record on top of the version before (append), or one record
+      // alone (overwrite); anything else lost or mixed someone's data.
+      auto one_line = [](std::string_view s) {
+        return !s.empty() && s.back() == '\n' && s.find('\n') == s.size() - 1;
+      };
+      std::string record;
+      char as = 0;
+      if (content.size() > prev.size() && content.starts_with(prev) &&
+          one_line(std::string_view(content).substr(prev.size()))) {
+        record = content.substr(prev.size());
+        as = 'a';
+      } else if (one_line(content)) {
+        record = content;
+        as = 'o';
+      } else {
+        ADD_FAILURE() << "neither one record appended to the previous "
+                         "version nor one record alone: "
+                      << Quote(content) << "\nprevious: " << Quote(prev);
+        prev = content;
+        continue;
+      }
+      std::istringstream in(record);
+      Key key;
+      in >> std::get<0>(key) >> std::get<1>(key) >> std::get<2>(key);
+      EXPECT_EQ(std::get<2>(key), as)
+          << "record " << Quote(record) << " is in the file as "
+          << (as == 'a' ? "an append" : "an overwrite")
+          << ": the data before it was lost";
+      EXPECT_EQ(record,
+                Record(std::get<0>(key), std::get<1>(key), std::get<2>(key)));
+      EXPECT_EQ(v.author, std::get<0>(key));
+      auto session = sessions.find(std::get<0>(key));
+      EXPECT_TRUE(session != sessions.end() && v.session == session->second)
+          << "committed by session " << v.session << " for user "
+          << std::get<0>(key);
+      EXPECT_TRUE(found.insert(key).second)
+          << "record " << Quote(record) << " committed twice";
+      if (!acked.count(key)) {
+        auto r = rejected.find(key);
+        if (r != rejected.end()) {
+          ADD_FAILURE() << "committed although its writer was told it "
+                           "failed ("
+                        << vfs::ErrnoName(r->second->err) << " at "
+                        << r->second->stage << ": " << r->second->message
+                        << "): " << Quote(record);
+        } else {
+          ADD_FAILURE() << "committed but no writer attempted it: "
+                        << Quote(record);
+        }
+      }
+      prev = content;
+    }
+    for (const auto& [key, a] : acked) {
+      EXPECT_TRUE(found.count(key))
+          << "lost: acknowledged to " << a->user
+          << " but in no version: " << Quote(Record(a->user, a->j, a->kind));
+    }
+    EXPECT_EQ(history->size(), acked.size() + 1)
+        << "versions vs acknowledged commits (+1 for the initial one)";
+    auto now = ReadPath(*backend, fx_->CallerFor("admin", "final"), path);
+    EXPECT_TRUE(now.has_value());
+    if (now) {
+      EXPECT_EQ(*now, prev) << "the current content is not the last version";
+    }
+    return prev;
+  }
+
+  std::vector<Plan> Plans(const std::string& prefix,
+                          const std::vector<std::string>& files, int ops,
+                          bool retry) {
+    std::random_device seed;
+    std::vector<Plan> plans;
+    for (const auto& user : kUsers) {
+      plans.push_back(Plan{user, prefix + user, files, ops, retry, seed()});
+    }
+    return plans;
+  }
+
+  std::map<std::string, std::string> Sessions(const std::vector<Plan>& plans) {
+    std::map<std::string, std::string> out{{"admin", "setup"}};
+    for (const auto& p : plans) out[p.user] = p.session;
+    return out;
+  }
+
+  std::unique_ptr<testing::StoreFixture> fx_;
+};
+
+TEST_F(ConcurrentWritersTest, EightProcessesLoseNoAcknowledgedCommit) {
+  auto plans = Plans("cw-", {kLog, kNotes}, 50, /*retry=*/false);
+  auto attempts = RunWriters(plans);
+  ASSERT_FALSE(HasFailure());
+  ASSERT_EQ(attempts.size(), plans.size() * 50);
+  CheckRejections(attempts);
+  size_t rejected = 0, acked = 0;
+  for (const auto& a : attempts) (a.ok ? acked : rejected)++;
+  // Otherwise this run tested no conflict at all (or no commit).
+  EXPECT_GT(rejected, 0u);
+  EXPECT_GT(acked, 0u);
+  auto sessions = Sessions(plans);
+  CheckHistory(kLog, attempts, sessions);
+  CheckHistory(kNotes, attempts, sessions);
+}
+
+TEST_F(ConcurrentWritersTest, RetryingWritersGetEveryRecordInExactlyOnce) {
+  constexpr int kOps = 25;
+  auto plans = Plans("rw-", {kRetry}, kOps, /*retry=*/true);
+  auto attempts = RunWriters(plans);
+  ASSERT_FALSE(HasFailure());
+  CheckRejections(attempts);
+  std::string final_content = CheckHistory(kRetry, attempts, Sessions(plans));
+  std::map<std::string, int> lines;
+  for (const auto& line : test_util::SplitLines(final_content)) ++lines[line];
+  std::map<std::string, int> want{{"init", 1}};
+  for (const auto& user : kUsers) {
+    for (int j = 0; j < kOps; ++j)
+      want[user + " " + std::to_string(j) + " a"] = 1;
+  }
+  EXPECT_EQ(lines, want);
+}
+
+// --- two sessions of one process ---------------------------------------------
+
+TEST(StoreConflictsInOneProcess, LeaseStaleWriterAndExclusiveCreate) {
+  ASSERT_OK_AND_ASSIGN(auto fx, testing::StoreFixture::Create(
+                                    {"a", "b"}, {{"a", {"t"}}, {"b", {"t"}}}));
+  auto backend = fx->OpenBackend();
+  ASSERT_NE(backend, nullptr);
+  vfs::Caller a = fx->CallerFor("a");
+  vfs::Caller b = fx->CallerFor("b");
+  const std::string path = "/memories/teams/t/plan.md";
+  auto write = [&](const vfs::Caller& c, int flags, const std::string& data) {
+    auto file = backend->Open(c, P(path), flags, 0644);
+    if (!file) return vfs::Status(std::unexpected(file.error()));
+    auto put = (*file)->Write(data.data(), data.size(), 0);
+    if (!put) return vfs::Status(std::unexpected(put.error()));
+    return (*file)->Flush();
+  };
+
+  // A is writing (holds the lease): B may not write, truncate or unlink.
+  ASSERT_OK_AND_ASSIGN(
+      auto held, backend->Open(a, P(path), O_WRONLY | O_CREAT | O_EXCL, 0644));
+  ASSERT_OK(held->Write("a1\n", 3, 0));
+  auto busy = backend->Open(b, P(path), O_WRONLY, 0);
+  ASSERT_ERRNO(busy, EBUSY);
+  EXPECT_NE(busy.error().message.find("user 'a'"), std::string::npos)
+      << busy.error().message;
+  EXPECT_ERRNO(backend->Open(b, P(path), O_WRONLY | O_TRUNC, 0), EBUSY);
+  EXPECT_ERRNO(backend->Truncate(b, P(path), 0), EBUSY);
+  EXPECT_ERRNO(backend->Unlink(b, P(path)), EBUSY);
+  EXPECT_ERRNO(backend->Open(b, P(path), O_WRONLY | O_CREAT | O_EXCL, 0644),
+               EEXIST);
+  ASSERT_OK(held->Flush());  // version 1
+  held.reset();
+
+  // A closed: B (who never read the file) writes.
+  ASSERT_OK(write(b, O_WRONLY | O_TRUNC, "b2\n"));  // version 2
+
+  // A reads version 2; B commits version 3; A may not write what it read.
+  ASSERT_OK_AND_ASSIGN(auto seen, ReadPath(*backend, a, path));
+  EXPECT_EQ(seen, "b2\n");
+  ASSERT_OK(write(b, O_WRONLY | O_TRUNC, "b3\n"));
+  auto stale = backend->Open(a, P(path), O_WRONLY, 0);
+  ASSERT_ERRNO(stale, ESTALE);
+  EXPECT_NE(stale.error().message.find("user 'b'"), std::string::npos)
+      << stale.error().message;
+  EXPECT_NE(stale.error().message.find("version 3"), std::string::npos)
+      << stale.error().message;
+  EXPECT_ERRNO(backend->Open(a, P(path), O_WRONLY | O_APPEND, 0), ESTALE);
+  EXPECT_ERRNO(backend->Truncate(a, P(path), 0), ESTALE);
+  EXPECT_ERRNO(backend->Unlink(a, P(path)), ESTALE);
+  const std::string other = "/memories/teams/t/other.md";
+  {
+    ASSERT_OK_AND_ASSIGN(auto f,
+                         backend->Open(a, P(other), O_WRONLY | O_CREAT, 0644));
+    ASSERT_OK(f->Flush());
+  }
+  EXPECT_ERRNO(backend->Rename(a, P(other), P(path), 0), ESTALE);
+  ASSERT_OK_AND_ASSIGN(auto unchanged, ReadPath(*backend, b, path));
+  EXPECT_EQ(unchanged, "b3\n");
+
+  // A reads it again; now A's write goes through.
+  ASSERT_OK_AND_ASSIGN(auto reread, ReadPath(*backend, a, path));
+  EXPECT_EQ(reread, "b3\n");
+  ASSERT_OK(write(a, O_WRONLY | O_TRUNC, "a4\n"));
+
+  ASSERT_OK_AND_ASSIGN(auto history, backend->History(a, P(path)));
+  std::vector<std::pair<std::string, std::string>> got,
+      want = {{a.session, "a1\n"},
+              {b.session, "b2\n"},
+              {b.session, "b3\n"},
+              {a.session, "a4\n"}};
+  for (const auto& v : history) {
+    ASSERT_OK_AND_ASSIGN(auto content, ReadVersion(*backend, a, path, v.n));
+    got.emplace_back(v.session, content);
+  }
+  EXPECT_EQ(got, want);
+
+  // Racing exclusive creates of one name: one wins, the other gets EEXIST;
+  // the file holds the winner's data and nothing else.
+  for (int i = 0; i < 40; ++i) {
+    std::string name = "/memories/teams/t/race-" + std::to_string(i);
+    std::latch start(2);
+    vfs::Status result[2];
+    std::thread racers[2];
+    const vfs::Caller* callers[2] = {&a, &b};
+    for (int k = 0; k < 2; ++k) {
+      racers[k] = std::thread([&, k] {
+        start.arrive_and_wait();
+        auto file = backend->Open(*callers[k], P(name),
+                                  O_WRONLY | O_CREAT | O_EXCL, 0644);
+        if (!file) {
+          result[k] = std::unexpected(file.error());
+          return;
+        }
+        std::string data = callers[k]->user + "\n";
+        auto put = (*file)->Write(data.data(), data.size(), 0);
+        result[k] =
+            put ? (*file)->Flush() : vfs::Status(std::unexpected(put.error()));
+      });
+    }
+    for (auto& t : racers) t.join();
+    SCOPED_TRACE(name);
+    ASSERT_NE(result[0].has_value(), result[1].has_value())
+        << "a: " << (result[0] ? "ok" : result[0].error().ToString())
+        << "; b: " << (result[1] ? "ok" : result[1].error().ToString());
+    int winner = result[0] ? 0 : 1;
+    EXPECT_ERRNO(result[1 - winner], EEXIST);
+    ASSERT_OK_AND_ASSIGN(auto content, ReadPath(*backend, a, name));
+    EXPECT_EQ(content, callers[winner]->user + "\n");
+    ASSERT_OK_AND_ASSIGN(auto versions, backend->History(a, P(name)));
+    ASSERT_EQ(versions.size(), 1u);
+    EXPECT_EQ(versions[0].session, callers[winner]->session);
+  }
+}
+
+// BUG in backends/store, kept disabled until it is fixed: a Flush that
+// fails with EBUSY because the session's lease ran out says "nothing was
+// committed; read it again and redo the change", but the draft stays dirty
+// and the handle's release (StoreFile's destructor -> FlushLocked) commits
+// it anyway once the other writer has let go without committing. A writer
+// that redoes its append, as it was told, gets it in twice.
+TEST(StoreConflictsInOneProcess,
+     DISABLED_RejectedFlushCommitsNothingAtRelease) {
+  ASSERT_OK_AND_ASSIGN(auto fx, testing::StoreFixture::Create(
+                                    {"a", "b"}, {{"a", {"t"}}, {"b", {"t"}}}));
+  StoreOptions unrenewed;  // A's lease runs out: it is never renewed
+  unrenewed.lease_ttl = std::chrono::milliseconds(200);
+  unrenewed.poll_interval = std::chrono::hours(1);
+  auto backend_a = fx->OpenBackend(unrenewed);
+  auto backend_b = fx->OpenBackend();
+  ASSERT_TRUE(backend_a != nullptr && backend_b != nullptr);
+  vfs::Caller a = fx->CallerFor("a");
+  vfs::Caller b = fx->CallerFor("b");
+  const std::string path = "/memories/teams/t/log.md";
+  {
+    ASSERT_OK_AND_ASSIGN(auto f,
+                         backend_b->Open(b, P(path), O_WRONLY | O_CREAT, 0644));
+    ASSERT_OK(f->Write(kInit, sizeof kInit - 1, 0));
+    ASSERT_OK(f->Flush());  // version 1
+  }
+  ASSERT_OK_AND_ASSIGN(auto late,
+                       backend_a->Open(a, P(path), O_WRONLY | O_APPEND, 0));
+  ASSERT_OK(late->Write("a\n", 2, 0));
+  std::this_thread::sleep_for(std::chrono::milliseconds(400));
+  // B takes the file over (A's lease ran out) and holds it.
+  ASSERT_OK_AND_ASSIGN(auto holder, backend_b->Open(b, P(path), O_WRONLY, 0));
+  auto rejected = late->Flush();
+  ASSERT_ERRNO(rejected, EBUSY);
+  EXPECT_NE(rejected.error().message.find("nothing was committed"),
+            std::string::npos)
+      << rejected.error().message;
+  ASSERT_OK(holder->Flush());  // B closes without writing
+  holder.reset();
+  late.reset();  // A's close(2) already failed; the release commits nothing
+  ASSERT_OK_AND_ASSIGN(auto history, backend_b->History(b, P(path)));
+  EXPECT_EQ(history.size(), 1u)
+      << "a version appeared after its writer was told nothing was committed";
+  ASSERT_OK_AND_ASSIGN(auto now, ReadPath(*backend_b, b, path));
+  EXPECT_EQ(now, kInit);
+}
+
+}  // namespace
+}  // namespace agentvfs::store
