@@ -73,8 +73,10 @@ int64_t ProcessStart(pid_t pid) {
   if (close == std::string::npos) return 0;
   std::istringstream rest(text.substr(close + 2));
   std::string field;
-  // Fields after "(comm)": state is field 3; starttime is field 22.
+  // Fields after "(comm)": state is field 3; starttime is field 22. A
+  // zombie (dead, not yet reaped) or dying process holds nothing.
   for (int i = 3; i <= 22 && rest >> field; ++i) {
+    if (i == 3 && (field == "Z" || field == "X" || field == "x")) return 0;
     if (i == 22) return std::stoll(field);
   }
   return 0;
@@ -803,6 +805,13 @@ class StoreFile final : public vfs::FileHandle {
       if (result && last) {
         holds_lease_ = false;
         --node_->lease_holders;
+      }
+      if (!result) {
+        // The writer has been told that nothing was committed: the draft's
+        // changes are dropped, never committed later behind its back (at
+        // release, say).
+        node_->dirty = false;
+        node_->created = false;
       }
     }
     if (holds_lease_) {

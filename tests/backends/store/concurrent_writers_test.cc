@@ -616,14 +616,11 @@ TEST(StoreConflictsInOneProcess, LeaseStaleWriterAndExclusiveCreate) {
   }
 }
 
-// BUG in backends/store, kept disabled until it is fixed: a Flush that
-// fails with EBUSY because the session's lease ran out says "nothing was
-// committed; read it again and redo the change", but the draft stays dirty
-// and the handle's release (StoreFile's destructor -> FlushLocked) commits
-// it anyway once the other writer has let go without committing. A writer
-// that redoes its append, as it was told, gets it in twice.
-TEST(StoreConflictsInOneProcess,
-     DISABLED_RejectedFlushCommitsNothingAtRelease) {
+// A Flush that fails with EBUSY because the session's lease ran out says
+// "nothing was committed; read it again and redo the change": the handle's
+// release must not commit the draft later anyway (a writer that redoes its
+// append, as it was told, would get it in twice).
+TEST(StoreConflictsInOneProcess, RejectedFlushCommitsNothingAtRelease) {
   ASSERT_OK_AND_ASSIGN(auto fx, testing::StoreFixture::Create(
                                     {"a", "b"}, {{"a", {"t"}}, {"b", {"t"}}}));
   StoreOptions unrenewed;  // A's lease runs out: it is never renewed

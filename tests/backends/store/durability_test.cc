@@ -758,11 +758,10 @@ TEST_F(DurabilityTest, AcknowledgedCommitsSurviveKill9AtAnyMoment) {
   EXPECT_GT(stats_.dead_leases, 0);
 }
 
-// BUG in backends/store, kept disabled until it is fixed: a writer that
-// died but was not yet reaped by its parent (a zombie) keeps its lease until
-// the parent calls wait(), or for the whole lease time: LeaseAlive() only
-// compares the start time in /proc/<pid>/stat, which a zombie still has.
-TEST(StoreLeases, DISABLED_DeadButUnreapedWriterHoldsNoLease) {
+// A writer that died but was not yet reaped by its parent (a zombie) holds
+// no lease: its start time is still in /proc/<pid>/stat, but its state says
+// it is dead.
+TEST(StoreLeases, DeadButUnreapedWriterHoldsNoLease) {
   ASSERT_OK_AND_ASSIGN(auto fx, testing::StoreFixture::Create({"w"}));
   const std::string path = std::string(kDir) + "/held.md";
   int fds[2];
