@@ -101,9 +101,10 @@ int RunMount(const MountArgs& a) {
       return 1;
     }
   } else {
-    spdlog::info("mounted the view at {} (Ctrl-C or `fusermount3 -u {}` to "
-                 "unmount)",
-                 a.mountpoint, a.mountpoint);
+    spdlog::info(
+        "mounted the view at {} (Ctrl-C or `fusermount3 -u {}` to "
+        "unmount)",
+        a.mountpoint, a.mountpoint);
   }
   auto ran = (*server)->Run();
   (*server)->Unmount();

@@ -38,9 +38,9 @@ struct StoreSession {
   std::unique_ptr<store::StoreBackend> backend;
   vfs::Caller caller;
 };
-vfs::Result<StoreSession> OpenStoreAsUser(
-    const StoreFlags& flags, const std::string& session_prefix,
-    store::StoreOptions options = {});
+vfs::Result<StoreSession> OpenStoreAsUser(const StoreFlags& flags,
+                                          const std::string& session_prefix,
+                                          store::StoreOptions options = {});
 
 // Runs `fn` with the store opened as the user whose token is given (session
 // id SESSION_PREFIX-...), and returns the command's exit code: 0 when `fn`

@@ -60,8 +60,10 @@ vfs::Status UserExists(Txn& txn, const std::string& name) {
   auto rows = txn.Query("SELECT 1 FROM users WHERE name = ?", {name});
   if (!rows) return std::unexpected(rows.error());
   if (rows->empty()) {
-    return vfs::Fail(ENOENT, "no user '" + name + "'; add it with "
-                             "`agentvfs user add " + name + "`");
+    return vfs::Fail(ENOENT, "no user '" + name +
+                                 "'; add it with "
+                                 "`agentvfs user add " +
+                                 name + "`");
   }
   return {};
 }
@@ -69,9 +71,9 @@ vfs::Status UserExists(Txn& txn, const std::string& name) {
 vfs::Result<std::string> NormalisePrefix(const std::string& prefix) {
   auto p = vfs::Path::Parse(prefix);
   if (!p) {
-    return vfs::Fail(EINVAL, "grant prefix '" + prefix +
-                                 "' is not an absolute path: " +
-                                 p.error().message);
+    return vfs::Fail(EINVAL,
+                     "grant prefix '" + prefix +
+                         "' is not an absolute path: " + p.error().message);
   }
   const std::string& s = p->str();
   if (s != "/" && !PathHasPrefix(s, "/memories") &&
@@ -124,12 +126,13 @@ vfs::Result<std::string> InitStore(const std::string& name,
     auto users = txn.Query("SELECT COUNT(*) FROM users");
     if (!users) return std::unexpected(users.error());
     if (AsInt((*users)[0][0]) > 0) {
-      return vfs::Fail(EEXIST, name + " is already set up; add users with "
-                                      "`agentvfs user add`");
+      return vfs::Fail(EEXIST, name +
+                                   " is already set up; add users with "
+                                   "`agentvfs user add`");
     }
     int64_t now = NowNs();
-    for (const char* dir : {"/memories/users", "/memories/teams",
-                            "/memories/org", "/skills"}) {
+    for (const char* dir :
+         {"/memories/users", "/memories/teams", "/memories/org", "/skills"}) {
       TRY(MakeDirs(txn, dir, now));
     }
     TRY(Exec(txn,
@@ -170,8 +173,10 @@ vfs::Result<std::string> AddUser(Engine& e, const std::string& actor,
     auto exists = txn.Query("SELECT 1 FROM users WHERE name = ?", {name});
     if (!exists) return std::unexpected(exists.error());
     if (!exists->empty()) {
-      return vfs::Fail(EEXIST, "user '" + name + "' exists; for a new token "
-                               "use `agentvfs user token " + name + "`");
+      return vfs::Fail(EEXIST, "user '" + name +
+                                   "' exists; for a new token "
+                                   "use `agentvfs user token " +
+                                   name + "`");
     }
     int64_t now = NowNs();
     TRY(Exec(txn,
@@ -283,7 +288,8 @@ vfs::Status Grant(Engine& e, const std::string& actor,
     TRY(NeedLevel(txn, actor, *norm, Level::kAdmin));
     if (subject.kind == "user") TRY(UserExists(txn, subject.name));
     if (subject.kind == "team") {
-      auto rows = txn.Query("SELECT 1 FROM teams WHERE name = ?", {subject.name});
+      auto rows =
+          txn.Query("SELECT 1 FROM teams WHERE name = ?", {subject.name});
       if (!rows) return std::unexpected(rows.error());
       if (rows->empty()) {
         return vfs::Fail(ENOENT, "no team '" + subject.name +

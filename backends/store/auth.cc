@@ -216,8 +216,9 @@ vfs::Result<std::string> Authenticate(Engine& engine, std::string_view token) {
   std::string user;
   bool disabled = false;
   auto ok = engine.Read([&](Txn& txn) -> vfs::Status {
-    auto rows = txn.Query("SELECT name, disabled FROM users WHERE token_hash = ?",
-                          {HashToken(token)});
+    auto rows =
+        txn.Query("SELECT name, disabled FROM users WHERE token_hash = ?",
+                  {HashToken(token)});
     if (!rows) return std::unexpected(rows.error());
     if (!rows->empty()) {
       user = AsText((*rows)[0][0]);

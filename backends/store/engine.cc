@@ -17,7 +17,9 @@ const std::string& AsText(const Value& v) {
   return kEmpty;
 }
 
-bool IsNull(const Value& v) { return std::holds_alternative<std::monostate>(v); }
+bool IsNull(const Value& v) {
+  return std::holds_alternative<std::monostate>(v);
+}
 
 vfs::Result<std::unique_ptr<Engine>> Engine::Open(const std::string& name,
                                                   bool create) {

@@ -56,8 +56,8 @@ class Txn {
  public:
   virtual ~Txn() = default;
   // Runs a statement and returns every row it produced.
-  virtual vfs::Result<std::vector<Row>> Query(std::string_view sql,
-                                              const std::vector<Value>& params = {}) = 0;
+  virtual vfs::Result<std::vector<Row>> Query(
+      std::string_view sql, const std::vector<Value>& params = {}) = 0;
   // Runs a statement and returns the number of rows it changed.
   virtual vfs::Result<int64_t> Exec(std::string_view sql,
                                     const std::vector<Value>& params = {}) = 0;

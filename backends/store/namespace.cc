@@ -81,8 +81,9 @@ vfs::Result<std::optional<Inode>> LoadInode(Txn& txn, int64_t ino) {
 
 vfs::Result<std::optional<int64_t>> LookupName(Txn& txn, int64_t parent,
                                                std::string_view name) {
-  auto rows = txn.Query("SELECT ino FROM dentries WHERE parent = ? AND name = ?",
-                        {parent, std::string(name)});
+  auto rows =
+      txn.Query("SELECT ino FROM dentries WHERE parent = ? AND name = ?",
+                {parent, std::string(name)});
   if (!rows) return std::unexpected(rows.error());
   if (rows->empty()) return std::optional<int64_t>{};
   return std::optional<int64_t>{AsInt((*rows)[0][0])};
@@ -171,7 +172,8 @@ vfs::Result<Walked> Walk(Txn& txn, const std::string& path, bool follow_last) {
       if (!target.empty() && target[0] == '/') {
         // Absolute targets name store paths (the view shows the store at
         // the same paths); anything else leaves the store.
-        if (!target.starts_with("/memories") && !target.starts_with("/skills")) {
+        if (!target.starts_with("/memories") &&
+            !target.starts_with("/skills")) {
           return vfs::Fail(EACCES, "symlink " + comp + " -> " + target +
                                        " leads out of the store");
         }
@@ -230,9 +232,9 @@ vfs::Result<Inode> CreateNode(Txn& txn, const Inode& parent,
        kind == S_IFLNK ? Value{target} : Value{std::monostate{}}});
   if (!rows) return std::unexpected(rows.error());
   int64_t ino = AsInt((*rows)[0][0]);
-  auto added = txn.Exec(
-      "INSERT INTO dentries(parent, name, ino) VALUES(?, ?, ?)",
-      {parent.ino, std::string(name), ino});
+  auto added =
+      txn.Exec("INSERT INTO dentries(parent, name, ino) VALUES(?, ?, ?)",
+               {parent.ino, std::string(name), ino});
   if (!added) return std::unexpected(added.error());
   auto touched = txn.Exec(
       "UPDATE inodes SET mtime_ns = ?, ctime_ns = ?, nlink = nlink + ? "
@@ -253,17 +255,18 @@ vfs::Result<Inode> CreateNode(Txn& txn, const Inode& parent,
 }
 
 vfs::Status TouchDir(Txn& txn, int64_t dir, int64_t now_ns) {
-  auto ok = txn.Exec("UPDATE inodes SET mtime_ns = ?, ctime_ns = ? WHERE ino = ?",
-                     {now_ns, now_ns, dir});
+  auto ok =
+      txn.Exec("UPDATE inodes SET mtime_ns = ?, ctime_ns = ? WHERE ino = ?",
+               {now_ns, now_ns, dir});
   if (!ok) return std::unexpected(ok.error());
   return {};
 }
 
 vfs::Status RecordChange(Txn& txn, const std::string& path,
                          const std::string& session, int64_t now_ns) {
-  auto ok = txn.Exec(
-      "INSERT INTO changes(path, session, time_ns) VALUES(?, ?, ?)",
-      {path, session, now_ns});
+  auto ok =
+      txn.Exec("INSERT INTO changes(path, session, time_ns) VALUES(?, ?, ?)",
+               {path, session, now_ns});
   if (!ok) return std::unexpected(ok.error());
   return {};
 }
@@ -273,8 +276,8 @@ vfs::Result<std::string> DirPath(Txn& txn, int64_t dir) {
   int64_t cur = dir;
   for (int depth = 0; cur != kRootIno; ++depth) {
     if (depth > 4096) return vfs::Fail(EIO, "directory loop in the store");
-    auto rows = txn.Query("SELECT parent, name FROM dentries WHERE ino = ? LIMIT 1",
-                          {cur});
+    auto rows = txn.Query(
+        "SELECT parent, name FROM dentries WHERE ino = ? LIMIT 1", {cur});
     if (!rows) return std::unexpected(rows.error());
     if (rows->empty()) return std::string();
     path = "/" + AsText((*rows)[0][1]) + path;
@@ -285,8 +288,8 @@ vfs::Result<std::string> DirPath(Txn& txn, int64_t dir) {
 
 vfs::Result<std::string> AnyPath(Txn& txn, int64_t ino) {
   if (ino == kRootIno) return std::string("/");
-  auto rows = txn.Query("SELECT parent, name FROM dentries WHERE ino = ? LIMIT 1",
-                        {ino});
+  auto rows = txn.Query(
+      "SELECT parent, name FROM dentries WHERE ino = ? LIMIT 1", {ino});
   if (!rows) return std::unexpected(rows.error());
   if (rows->empty()) return std::string();
   auto dir = DirPath(txn, AsInt((*rows)[0][0]));

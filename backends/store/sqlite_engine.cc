@@ -3,8 +3,10 @@
 // timeout); a few more connections read, so that a reader never waits behind
 // a writer's fsync. The schema lives here as numbered migrations, each run in
 // its own transaction and recorded in PRAGMA user_version.
-#include <sqlite3.h>
+#include "backends/store/sqlite_engine.h"
+
 #include <fcntl.h>
+#include <sqlite3.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -17,7 +19,6 @@
 #include <thread>
 
 #include "backends/store/engine.h"
-#include "backends/store/sqlite_engine.h"
 #include "spdlog/spdlog.h"
 
 namespace agentvfs::store {
@@ -177,8 +178,8 @@ class Connection final : public Txn {
     return {};
   }
 
-  vfs::Result<std::vector<Row>> Query(std::string_view sql,
-                                      const std::vector<Value>& params) override {
+  vfs::Result<std::vector<Row>> Query(
+      std::string_view sql, const std::vector<Value>& params) override {
     std::vector<Row> rows;
     auto st = Step(sql, params, &rows);
     if (!st) return std::unexpected(st.error());
@@ -197,8 +198,8 @@ class Connection final : public Txn {
                                size_t offset) override {
     sqlite3_blob* blob = nullptr;
     std::string t(table), c(column);
-    int rc = sqlite3_blob_open(db_, "main", t.c_str(), c.c_str(), rowid, 0,
-                               &blob);
+    int rc =
+        sqlite3_blob_open(db_, "main", t.c_str(), c.c_str(), rowid, 0, &blob);
     if (rc != SQLITE_OK) {
       return std::unexpected(FromSqlite(db_, rc, "cannot open stored chunk"));
     }
@@ -225,8 +226,9 @@ class Connection final : public Txn {
     if (auto it = cache_.find(key); it != cache_.end()) {
       stmt = it->second;
     } else {
-      int rc = sqlite3_prepare_v3(db_, key.c_str(), static_cast<int>(key.size()),
-                                  SQLITE_PREPARE_PERSISTENT, &stmt, nullptr);
+      int rc =
+          sqlite3_prepare_v3(db_, key.c_str(), static_cast<int>(key.size()),
+                             SQLITE_PREPARE_PERSISTENT, &stmt, nullptr);
       if (rc != SQLITE_OK) {
         return std::unexpected(FromSqlite(db_, rc, "bad statement " + key));
       }
@@ -335,7 +337,8 @@ class SqliteEngine final : public Engine {
         continue;
       }
       auto ok = writer_->Run(kMigrations[v]);
-      if (ok) ok = writer_->Run("PRAGMA user_version=" + std::to_string(target));
+      if (ok)
+        ok = writer_->Run("PRAGMA user_version=" + std::to_string(target));
       if (ok) ok = writer_->Run("COMMIT");
       if (!ok) {
         (void)writer_->Run("ROLLBACK");
@@ -343,10 +346,10 @@ class SqliteEngine final : public Engine {
                                               std::to_string(target) + ": " +
                                               ok.error().message);
       }
-      spdlog::get("store") ? spdlog::get("store")->info(
-                                 "{}: schema migrated to version {}", path_,
-                                 target)
-                           : void();
+      spdlog::get("store")
+          ? spdlog::get("store")->info("{}: schema migrated to version {}",
+                                       path_, target)
+          : void();
     }
     version_ = static_cast<int>(kMigrations.size());
     return {};
@@ -467,11 +470,12 @@ vfs::Result<std::unique_ptr<Engine>> OpenSqliteEngine(const std::string& path,
     // Private to the owner from the first byte: the database holds token
     // hashes and everyone's memories. (An empty file is a new database;
     // SQLite gives its -wal and -shm files the same mode.)
-    int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+    int fd =
+        ::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
     if (fd < 0) {
-      return vfs::Fail(errno == ENOENT ? ENOENT : EACCES,
-                       "cannot create the store " + path + ": " +
-                           std::strerror(errno));
+      return vfs::Fail(
+          errno == ENOENT ? ENOENT : EACCES,
+          "cannot create the store " + path + ": " + std::strerror(errno));
     }
     ::close(fd);
   }

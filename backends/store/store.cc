@@ -38,11 +38,11 @@ using vfs::Status;
 
 namespace {
 
-#define TRY(expr)                                       \
-  do {                                                  \
-    if (auto _st = (expr); !_st) {                      \
-      return std::unexpected(std::move(_st).error());   \
-    }                                                   \
+#define TRY(expr)                                     \
+  do {                                                \
+    if (auto _st = (expr); !_st) {                    \
+      return std::unexpected(std::move(_st).error()); \
+    }                                                 \
   } while (0)
 
 #define TRY_ASSIGN(var, expr)                                                 \
@@ -106,7 +106,9 @@ struct ContentDigest {
 
 class Sha256 {
  public:
-  Sha256() : ctx_(EVP_MD_CTX_new()) { EVP_DigestInit_ex(ctx_, EVP_sha256(), nullptr); }
+  Sha256() : ctx_(EVP_MD_CTX_new()) {
+    EVP_DigestInit_ex(ctx_, EVP_sha256(), nullptr);
+  }
   ~Sha256() { EVP_MD_CTX_free(ctx_); }
   Sha256(const Sha256&) = delete;
   Sha256& operator=(const Sha256&) = delete;
@@ -149,7 +151,8 @@ Result<ContentDigest> DigestFile(int fd) {
     size_t len = static_cast<size_t>(
         std::min<int64_t>(static_cast<int64_t>(kChunkSize), d.size - off));
     off_t data = lseek(fd, off, SEEK_DATA);
-    bool hole = (data < 0 && errno == ENXIO) || (data >= off + static_cast<off_t>(len));
+    bool hole =
+        (data < 0 && errno == ENXIO) || (data >= off + static_cast<off_t>(len));
     std::string chunk_hash;
     if (!hole) {
       size_t have = 0;
@@ -185,7 +188,8 @@ Result<int> NewDraftFile(const std::string& dir) {
   if (fd >= 0) return fd;
   std::string tmpl = dir + "/.agentvfs-draft-XXXXXX";
   fd = mkostemp(tmpl.data(), O_CLOEXEC);
-  if (fd < 0) return std::unexpected(vfs::FromErrno(errno, "create draft", dir));
+  if (fd < 0)
+    return std::unexpected(vfs::FromErrno(errno, "create draft", dir));
   unlink(tmpl.c_str());
   return fd;
 }
@@ -200,13 +204,13 @@ struct OpenNode {
   std::mutex mu;  // guards everything below
   int draft_fd = -1;
   std::atomic<bool> has_draft{false};  // draft_fd >= 0, readable unlocked
-  int64_t base_version = 0;  // version the draft is based on
-  bool dirty = false;        // the draft differs from base_version
-  bool created = false;      // made by this session, never committed
-  int64_t last_write_ns = 0; // mtime to commit (0: keep the inode's)
-  int writers = 0;           // open write handles
-  int lease_holders = 0;     // write handles holding the lease
-  std::string path;          // last known path
+  int64_t base_version = 0;            // version the draft is based on
+  bool dirty = false;                  // the draft differs from base_version
+  bool created = false;                // made by this session, never committed
+  int64_t last_write_ns = 0;           // mtime to commit (0: keep the inode's)
+  int writers = 0;                     // open write handles
+  int lease_holders = 0;               // write handles holding the lease
+  std::string path;                    // last known path
   // The last content this session committed (readers opened before follow).
   int64_t committed_version = 0;
   std::string committed_content;
@@ -457,15 +461,15 @@ class StoreBackend::Impl {
     off_t off = 0;
     for (size_t i = 0; i < d.chunk_hashes.size(); ++i) {
       if (d.chunk_hashes[i].empty()) {  // a hole: no blob
-        auto ch = txn.Exec(
-            "INSERT INTO chunks(content, seq, blob) VALUES(?, ?, 0)",
-            {d.hash, static_cast<int64_t>(i)});
+        auto ch =
+            txn.Exec("INSERT INTO chunks(content, seq, blob) VALUES(?, ?, 0)",
+                     {d.hash, static_cast<int64_t>(i)});
         if (!ch) return std::unexpected(ch.error());
         off += static_cast<off_t>(d.chunk_sizes[i]);
         continue;
       }
-      auto id_rows = txn.Query("SELECT id FROM blobs WHERE hash = ?",
-                               {d.chunk_hashes[i]});
+      auto id_rows =
+          txn.Query("SELECT id FROM blobs WHERE hash = ?", {d.chunk_hashes[i]});
       if (!id_rows) return std::unexpected(id_rows.error());
       int64_t id;
       if (!id_rows->empty()) {
@@ -474,7 +478,8 @@ class StoreBackend::Impl {
         buf.resize(d.chunk_sizes[i]);
         size_t done = 0;
         while (done < buf.size()) {
-          ssize_t n = pread(fd, buf.data() + done, buf.size() - done, off + done);
+          ssize_t n =
+              pread(fd, buf.data() + done, buf.size() - done, off + done);
           if (n <= 0) {
             if (n < 0 && errno == EINTR) continue;
             return Fail(EIO, "the draft changed while it was committed");
@@ -487,14 +492,15 @@ class StoreBackend::Impl {
         if (!ins) return std::unexpected(ins.error());
         id = AsInt((*ins)[0][0]);
       }
-      auto ch = txn.Exec("INSERT INTO chunks(content, seq, blob) VALUES(?, ?, ?)",
-                         {d.hash, static_cast<int64_t>(i), id});
+      auto ch =
+          txn.Exec("INSERT INTO chunks(content, seq, blob) VALUES(?, ?, ?)",
+                   {d.hash, static_cast<int64_t>(i), id});
       if (!ch) return std::unexpected(ch.error());
       off += static_cast<off_t>(d.chunk_sizes[i]);
     }
-    auto ins = txn.Exec("INSERT INTO contents(hash, size, chunks) VALUES(?, ?, ?)",
-                        {d.hash, d.size,
-                         static_cast<int64_t>(d.chunk_hashes.size())});
+    auto ins =
+        txn.Exec("INSERT INTO contents(hash, size, chunks) VALUES(?, ?, ?)",
+                 {d.hash, d.size, static_cast<int64_t>(d.chunk_hashes.size())});
     if (!ins) return std::unexpected(ins.error());
     return {};
   }
@@ -517,8 +523,9 @@ class StoreBackend::Impl {
       if (!lease) return std::unexpected(lease.error());
       if (!lease->empty() && AsText((*lease)[0][0]) != c.session &&
           LeaseAlive((*lease)[0], now)) {
-        return Fail(EBUSY, node.path + ": this session's write lease ran out "
-                                       "and user '" +
+        return Fail(EBUSY, node.path +
+                               ": this session's write lease ran out "
+                               "and user '" +
                                AsText((*lease)[0][1]) +
                                "' is writing the file now; nothing was "
                                "committed; read it again and redo the change");
@@ -537,13 +544,14 @@ class StoreBackend::Impl {
                                 "change");
       }
       TRY(StoreContent(txn, node.draft_fd, digest));
-      auto maxn = txn.Query("SELECT COALESCE(MAX(n), 0) FROM versions WHERE ino = ?",
-                            {node.ino});
+      auto maxn = txn.Query(
+          "SELECT COALESCE(MAX(n), 0) FROM versions WHERE ino = ?", {node.ino});
       if (!maxn) return std::unexpected(maxn.error());
       int64_t n = AsInt((*maxn)[0][0]) + 1;
       TRY_ASSIGN(path, AnyPath(txn, node.ino));
       if (path.empty()) path = node.path;
-      int64_t mtime = node.last_write_ns > 0 ? node.last_write_ns : inode->mtime_ns;
+      int64_t mtime =
+          node.last_write_ns > 0 ? node.last_write_ns : inode->mtime_ns;
       auto v = txn.Exec(
           "INSERT INTO versions(ino, n, path, author, session, time_ns, size, "
           "content, mode) VALUES(?, ?, ?, ?, ?, ?, ?, ?, ?)",
@@ -607,7 +615,8 @@ class StoreBackend::Impl {
           if (!u) return std::unexpected(u.error());
           return {};
         });
-        if (!ok) Log()->warn("renewing write leases: {}", ok.error().ToString());
+        if (!ok)
+          Log()->warn("renewing write leases: {}", ok.error().ToString());
       }
       if (now - last_prune >= std::chrono::minutes(1)) {
         last_prune = now;
@@ -821,7 +830,9 @@ class StoreFile final : public vfs::FileHandle {
     return result;
   }
 
-  Status Chmod(mode_t mode) override { return SetAttr(&mode, nullptr, nullptr, nullptr); }
+  Status Chmod(mode_t mode) override {
+    return SetAttr(&mode, nullptr, nullptr, nullptr);
+  }
   Status Chown(uid_t uid, gid_t gid) override {
     return SetAttr(nullptr, &uid, &gid, nullptr);
   }
@@ -904,7 +915,8 @@ class StoreFile final : public vfs::FileHandle {
             "ORDER BY c.seq",
             {content_});
         if (!rows) return std::unexpected(rows.error());
-        for (const auto& r : *rows) blobs_.emplace_back(AsInt(r[0]), AsInt(r[1]));
+        for (const auto& r : *rows)
+          blobs_.emplace_back(AsInt(r[0]), AsInt(r[1]));
         return {};
       }));
       if (blobs_.empty()) return Fail(EIO, "this content was purged");
@@ -917,19 +929,21 @@ class StoreFile final : public vfs::FileHandle {
     TRY(impl_.engine_.Read([&](Txn& txn) -> Status {
       while (done < size) {
         int64_t pos = offset + static_cast<int64_t>(done);
-        size_t idx = static_cast<size_t>(pos / static_cast<int64_t>(kChunkSize));
+        size_t idx =
+            static_cast<size_t>(pos / static_cast<int64_t>(kChunkSize));
         if (idx >= blobs_.size()) break;
         size_t in = static_cast<size_t>(pos % static_cast<int64_t>(kChunkSize));
         if (blobs_[idx].first == 0) {  // a hole
           size_t chunk_end = std::min<int64_t>(
               static_cast<int64_t>((idx + 1) * kChunkSize), size_);
-          size_t want = std::min(size - done,
-                                 chunk_end - static_cast<size_t>(pos));
+          size_t want =
+              std::min(size - done, chunk_end - static_cast<size_t>(pos));
           memset(buf + done, 0, want);
           done += want;
           continue;
         }
-        size_t want = std::min(size - done, static_cast<size_t>(blobs_[idx].second) - in);
+        size_t want =
+            std::min(size - done, static_cast<size_t>(blobs_[idx].second) - in);
         auto n = txn.ReadBlob("blobs", "data", blobs_[idx].first, buf + done,
                               want, in);
         if (!n) return std::unexpected(n.error());
@@ -966,8 +980,8 @@ StoreBackend::StoreBackend(std::unique_ptr<Engine> engine, StoreOptions options)
 
 StoreBackend::~StoreBackend() = default;
 
-Result<std::unique_ptr<StoreBackend>> StoreBackend::Open(const std::string& name,
-                                                         StoreOptions options) {
+Result<std::unique_ptr<StoreBackend>> StoreBackend::Open(
+    const std::string& name, StoreOptions options) {
   TRY_ASSIGN(engine, Engine::Open(name, false));
   return std::unique_ptr<StoreBackend>(
       new StoreBackend(std::move(engine), options));
@@ -1005,7 +1019,7 @@ Result<vfs::Attr> StoreBackend::Stat(const Caller& c, const Path& path) {
 }
 
 Result<std::vector<vfs::DirEntry>> StoreBackend::ReadDir(const Caller& c,
-                                                          const Path& path) {
+                                                         const Path& path) {
   TRY_ASSIGN(policy, impl_->PolicyOf(c));
   TRY(Impl::NeedVisible(*policy, path.str()));
   std::vector<vfs::DirEntry> out;
@@ -1035,9 +1049,9 @@ Result<std::vector<vfs::DirEntry>> StoreBackend::ReadDir(const Caller& c,
 }
 
 Result<std::unique_ptr<vfs::FileHandle>> StoreBackend::Open(const Caller& c,
-                                                             const Path& path,
-                                                             int flags,
-                                                             mode_t mode) {
+                                                            const Path& path,
+                                                            int flags,
+                                                            mode_t mode) {
   TRY_ASSIGN(policy, impl_->PolicyOf(c));
   int acc = flags & O_ACCMODE;
   bool writing = acc == O_WRONLY || acc == O_RDWR;
@@ -1107,7 +1121,8 @@ Result<std::unique_ptr<vfs::FileHandle>> StoreBackend::Open(const Caller& c,
       TRY(Impl::NeedWrite(*policy, w.path));
       TRY(impl_->CheckLease(txn, c, w.node->ino, w.path, now));
       auto existing = impl_->FindNode(c.session, w.node->ino);
-      if (!existing || !existing->has_draft) TRY(impl_->CheckStale(txn, c, *w.node, w.path));
+      if (!existing || !existing->has_draft)
+        TRY(impl_->CheckStale(txn, c, *w.node, w.path));
       inode = *w.node;
     }
     canon = w.path;
@@ -1118,9 +1133,9 @@ Result<std::unique_ptr<vfs::FileHandle>> StoreBackend::Open(const Caller& c,
   if (!writing) {
     impl_->SetSeen(c.session, inode.ino, inode.version);
     auto node = impl_->GetNode(c.session, inode.ino);
-    return std::unique_ptr<vfs::FileHandle>(new StoreFile(
-        *impl_, c, std::move(node), flags, false, inode.content, inode.size,
-        inode.version));
+    return std::unique_ptr<vfs::FileHandle>(
+        new StoreFile(*impl_, c, std::move(node), flags, false, inode.content,
+                      inode.size, inode.version));
   }
 
   auto node = impl_->GetNode(c.session, inode.ino);
@@ -1128,7 +1143,8 @@ Result<std::unique_ptr<vfs::FileHandle>> StoreBackend::Open(const Caller& c,
   node->path = canon;
   ++node->lease_holders;
   ++node->writers;
-  auto undo = [&](const vfs::Error& e) -> Result<std::unique_ptr<vfs::FileHandle>> {
+  auto undo =
+      [&](const vfs::Error& e) -> Result<std::unique_ptr<vfs::FileHandle>> {
     --node->writers;
     if (--node->lease_holders == 0) {
       (void)engine_->Write(Durability::kProcess, [&](Txn& txn) -> Status {
@@ -1164,9 +1180,9 @@ Result<std::unique_ptr<vfs::FileHandle>> StoreBackend::Open(const Caller& c,
   }
   impl_->SetSeen(c.session, inode.ino, node->base_version);
   lock.unlock();
-  return std::unique_ptr<vfs::FileHandle>(new StoreFile(
-      *impl_, c, std::move(node), flags, true, inode.content, inode.size,
-      inode.version));
+  return std::unique_ptr<vfs::FileHandle>(
+      new StoreFile(*impl_, c, std::move(node), flags, true, inode.content,
+                    inode.size, inode.version));
 }
 
 Status StoreBackend::Mkdir(const Caller& c, const Path& path, mode_t mode) {
@@ -1200,8 +1216,8 @@ Status StoreBackend::Symlink(const Caller& c, const std::string& target,
     if (w.node && policy->Visible(w.path)) return Fail(EEXIST, "file exists");
     TRY(Impl::NeedCreate(*policy, w.path));
     if (w.node) return Fail(EEXIST, "file exists");
-    TRY_ASSIGN(n, CreateNode(txn, *w.parent, w.name, S_IFLNK, 0777,
-                             OwnerUid(c), OwnerGid(c), target, now));
+    TRY_ASSIGN(n, CreateNode(txn, *w.parent, w.name, S_IFLNK, 0777, OwnerUid(c),
+                             OwnerGid(c), target, now));
     (void)n;
     return RecordChange(txn, w.path, c.session, now);
   });
@@ -1257,8 +1273,8 @@ Status RemoveName(Txn& txn, const Caller& c, const Inode& parent,
       "UPDATE inodes SET nlink = 0, ctime_ns = ?, deleted_ns = ? WHERE ino = ?",
       {now, now, node.ino});
   if (!up) return std::unexpected(up.error());
-  auto maxn = txn.Query("SELECT COALESCE(MAX(n), 0) FROM versions WHERE ino = ?",
-                        {node.ino});
+  auto maxn = txn.Query(
+      "SELECT COALESCE(MAX(n), 0) FROM versions WHERE ino = ?", {node.ino});
   if (!maxn) return std::unexpected(maxn.error());
   auto v = txn.Exec(
       "INSERT INTO versions(ino, n, path, author, session, time_ns, size, "
@@ -1320,7 +1336,8 @@ Status StoreBackend::Link(const Caller& c, const Path& from, const Path& to) {
     if (src.node->IsDir()) return Fail(EPERM, "cannot hard-link a directory");
     TRY_ASSIGN(dst, Walk(txn, to.str(), false));
     if (!dst.parent) return Fail(EEXIST, "exists");
-    if (dst.node && policy->Visible(dst.path)) return Fail(EEXIST, "file exists");
+    if (dst.node && policy->Visible(dst.path))
+      return Fail(EEXIST, "file exists");
     TRY(Impl::NeedCreate(*policy, dst.path));
     if (dst.node) return Fail(EEXIST, "file exists");
     auto d = txn.Exec("INSERT INTO dentries(parent, name, ino) VALUES(?, ?, ?)",
@@ -1385,10 +1402,12 @@ Status StoreBackend::Rename(const Caller& c, const Path& from, const Path& to,
           cur = AsInt((*up)[0][0]);
         }
       }
-      auto a = txn.Exec("UPDATE dentries SET ino = ? WHERE parent = ? AND name = ?",
-                        {dst.node->ino, src.parent->ino, src.name});
-      auto b = txn.Exec("UPDATE dentries SET ino = ? WHERE parent = ? AND name = ?",
-                        {src.node->ino, dst.parent->ino, dst.name});
+      auto a =
+          txn.Exec("UPDATE dentries SET ino = ? WHERE parent = ? AND name = ?",
+                   {dst.node->ino, src.parent->ino, src.name});
+      auto b =
+          txn.Exec("UPDATE dentries SET ino = ? WHERE parent = ? AND name = ?",
+                   {src.node->ino, dst.parent->ino, dst.name});
       if (!a) return std::unexpected(a.error());
       if (!b) return std::unexpected(b.error());
       if (src.node->IsDir() != dst.node->IsDir() &&
@@ -1411,21 +1430,24 @@ Status StoreBackend::Rename(const Caller& c, const Path& from, const Path& to,
           return Fail(EISDIR, "cannot replace a directory with a file");
         }
         if (dst.node->IsDir()) {
-          auto any = txn.Query("SELECT 1 FROM dentries WHERE parent = ? LIMIT 1",
-                               {dst.node->ino});
+          auto any =
+              txn.Query("SELECT 1 FROM dentries WHERE parent = ? LIMIT 1",
+                        {dst.node->ino});
           if (!any) return std::unexpected(any.error());
           if (!any->empty()) return Fail(ENOTEMPTY, "directory not empty");
         } else if (!dst.node->IsLink()) {
           TRY(impl_->CheckLease(txn, c, dst.node->ino, dst.path, now));
           TRY(impl_->CheckStale(txn, c, *dst.node, dst.path));
         }
-        TRY(RemoveName(txn, c, *dst.parent, dst.name, *dst.node, dst.path, now));
+        TRY(RemoveName(txn, c, *dst.parent, dst.name, *dst.node, dst.path,
+                       now));
       }
       auto del = txn.Exec("DELETE FROM dentries WHERE parent = ? AND name = ?",
                           {src.parent->ino, src.name});
       if (!del) return std::unexpected(del.error());
-      auto ins = txn.Exec("INSERT INTO dentries(parent, name, ino) VALUES(?, ?, ?)",
-                          {dst.parent->ino, dst.name, src.node->ino});
+      auto ins =
+          txn.Exec("INSERT INTO dentries(parent, name, ino) VALUES(?, ?, ?)",
+                   {dst.parent->ino, dst.name, src.node->ino});
       if (!ins) return std::unexpected(ins.error());
       if (src.node->IsDir() && src.parent->ino != dst.parent->ino) {
         auto p1 = txn.Exec("UPDATE inodes SET nlink = nlink - 1 WHERE ino = ?",
@@ -1727,41 +1749,43 @@ Result<PurgeReport> StoreBackend::Purge(const Caller& c, const Path& path,
     for (const auto& r : *earlier) inos.push_back(AsInt(r[0]));
     std::vector<std::string> hashes;
     for (int64_t ino : inos) {
-    TRY_ASSIGN(inode, LoadInode(txn, ino));
-    bool keep = keep_current && inode && !inode->deleted;
-    auto old = txn.Query(
-        keep
-            ? "SELECT DISTINCT content FROM versions WHERE ino = ? AND n < ? "
-              "AND content IS NOT NULL"
-            : "SELECT DISTINCT content FROM versions WHERE ino = ? AND ? >= 0 "
-              "AND content IS NOT NULL",
-        {ino, inode ? inode->version : int64_t{0}});
-    if (!old) return std::unexpected(old.error());
-    for (const auto& r : *old) hashes.push_back(AsText(r[0]));
-    auto del = txn.Exec(keep
-                            ? "DELETE FROM versions WHERE ino = ? AND n < ?"
-                            : "DELETE FROM versions WHERE ino = ? AND ? >= 0",
-                        {ino, inode ? inode->version : int64_t{0}});
-    if (!del) return std::unexpected(del.error());
-    report.versions += *del;
-    if (!keep && inode) {
-      if (!inode->content.empty()) hashes.push_back(inode->content);
-      auto names = txn.Query("SELECT parent, name FROM dentries WHERE ino = ?",
-                             {ino});
-      if (!names) return std::unexpected(names.error());
-      for (const auto& r : *names) {
-        auto d = txn.Exec("DELETE FROM dentries WHERE parent = ? AND name = ?",
-                          {AsInt(r[0]), AsText(r[1])});
-        if (!d) return std::unexpected(d.error());
-        TRY(TouchDir(txn, AsInt(r[0]), now));
+      TRY_ASSIGN(inode, LoadInode(txn, ino));
+      bool keep = keep_current && inode && !inode->deleted;
+      auto old = txn.Query(
+          keep
+              ? "SELECT DISTINCT content FROM versions WHERE ino = ? AND n < ? "
+                "AND content IS NOT NULL"
+              : "SELECT DISTINCT content FROM versions WHERE ino = ? AND ? >= "
+                "0 "
+                "AND content IS NOT NULL",
+          {ino, inode ? inode->version : int64_t{0}});
+      if (!old) return std::unexpected(old.error());
+      for (const auto& r : *old) hashes.push_back(AsText(r[0]));
+      auto del =
+          txn.Exec(keep ? "DELETE FROM versions WHERE ino = ? AND n < ?"
+                        : "DELETE FROM versions WHERE ino = ? AND ? >= 0",
+                   {ino, inode ? inode->version : int64_t{0}});
+      if (!del) return std::unexpected(del.error());
+      report.versions += *del;
+      if (!keep && inode) {
+        if (!inode->content.empty()) hashes.push_back(inode->content);
+        auto names =
+            txn.Query("SELECT parent, name FROM dentries WHERE ino = ?", {ino});
+        if (!names) return std::unexpected(names.error());
+        for (const auto& r : *names) {
+          auto d =
+              txn.Exec("DELETE FROM dentries WHERE parent = ? AND name = ?",
+                       {AsInt(r[0]), AsText(r[1])});
+          if (!d) return std::unexpected(d.error());
+          TRY(TouchDir(txn, AsInt(r[0]), now));
+        }
+        auto di = txn.Exec("DELETE FROM inodes WHERE ino = ?", {ino});
+        if (!di) return std::unexpected(di.error());
+        auto dl = txn.Exec("DELETE FROM leases WHERE ino = ?", {ino});
+        if (!dl) return std::unexpected(dl.error());
+        report.files += 1;
+        TRY(RecordChange(txn, canon, c.session, now));
       }
-      auto di = txn.Exec("DELETE FROM inodes WHERE ino = ?", {ino});
-      if (!di) return std::unexpected(di.error());
-      auto dl = txn.Exec("DELETE FROM leases WHERE ino = ?", {ino});
-      if (!dl) return std::unexpected(dl.error());
-      report.files += 1;
-      TRY(RecordChange(txn, canon, c.session, now));
-    }
     }
     // Content nobody refers to any more goes, and chunks nobody shares.
     for (const auto& h : hashes) {
@@ -1771,8 +1795,8 @@ Result<PurgeReport> StoreBackend::Purge(const Caller& c, const Path& path,
           {h, h});
       if (!used) return std::unexpected(used.error());
       if (!used->empty()) continue;
-      auto blobs = txn.Query("SELECT DISTINCT blob FROM chunks WHERE content = ?",
-                             {h});
+      auto blobs =
+          txn.Query("SELECT DISTINCT blob FROM chunks WHERE content = ?", {h});
       if (!blobs) return std::unexpected(blobs.error());
       auto dc = txn.Exec("DELETE FROM chunks WHERE content = ?", {h});
       if (!dc) return std::unexpected(dc.error());
@@ -1780,8 +1804,8 @@ Result<PurgeReport> StoreBackend::Purge(const Caller& c, const Path& path,
       if (!dd) return std::unexpected(dd.error());
       for (const auto& b : *blobs) {
         int64_t id = AsInt(b[0]);
-        auto shared = txn.Query("SELECT 1 FROM chunks WHERE blob = ? LIMIT 1",
-                                {id});
+        auto shared =
+            txn.Query("SELECT 1 FROM chunks WHERE blob = ? LIMIT 1", {id});
         if (!shared) return std::unexpected(shared.error());
         if (!shared->empty()) continue;
         auto sz = txn.Query("SELECT size FROM blobs WHERE id = ?", {id});

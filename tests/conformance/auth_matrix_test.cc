@@ -29,7 +29,7 @@ using testing::TempDir;
 // Areas of the default layout and what each user may do there.
 //   alice (team eng), bob (team eng), carol (team ops; maintains skill "tool")
 struct Area {
-  std::string dir;  // store path without the leading '/'
+  std::string dir;                    // store path without the leading '/'
   std::map<std::string, char> level;  // user -> 'n'one, 'r'ead, 'w'rite
 };
 
@@ -47,8 +47,8 @@ const std::vector<std::string> kUsers = {"alice", "bob", "carol"};
 
 // The operations, each on its own target so that they do not interfere.
 // Returns the errno (0 for success).
-using Op = std::function<int(FsOps&, const std::string& dir,
-                             const std::string& user)>;
+using Op =
+    std::function<int(FsOps&, const std::string& dir, const std::string& user)>;
 
 int Code(const Status& s) { return s ? 0 : s.error().code; }
 template <typename T>
@@ -110,7 +110,8 @@ const std::vector<std::pair<std::string, Op>>& Ops() {
        }},
       {"create",
        [](FsOps& fs, const std::string& d, const std::string& u) {
-         return WriteWith(fs, d + "/" + u + "-new", O_WRONLY | O_CREAT | O_EXCL);
+         return WriteWith(fs, d + "/" + u + "-new",
+                          O_WRONLY | O_CREAT | O_EXCL);
        }},
       {"mkdir",
        [](FsOps& fs, const std::string& d, const std::string& u) {
@@ -126,7 +127,8 @@ const std::vector<std::pair<std::string, Op>>& Ops() {
        }},
       {"rename",
        [](FsOps& fs, const std::string& d, const std::string& u) {
-         return Code(fs.Rename(d + "/" + u + "-rename", d + "/" + u + "-renamed"));
+         return Code(
+             fs.Rename(d + "/" + u + "-rename", d + "/" + u + "-renamed"));
        }},
       {"truncate",
        [](FsOps& fs, const std::string& d, const std::string& u) {
@@ -176,11 +178,12 @@ std::unique_ptr<StoreFixture> MakeStore() {
   auto engine = store::Engine::Open((*fixture)->db(), false);
   EXPECT_TRUE(engine.has_value());
   EXPECT_OK(store::Grant(**engine, "admin", "/skills/tool",
-                         store::Subject{"user", "carol"}, store::Level::kWrite));
+                         store::Subject{"user", "carol"},
+                         store::Level::kWrite));
 
   auto router = (*fixture)->MakeRouter();
-  auto admin = MakeBackendOps(router.get(), "", nullptr,
-                              (*fixture)->CallerFor("admin"));
+  auto admin =
+      MakeBackendOps(router.get(), "", nullptr, (*fixture)->CallerFor("admin"));
   EXPECT_OK(admin->Mkdir("skills/tool"));
   for (const auto& area : Areas()) {
     for (const auto& user : kUsers) {
@@ -221,8 +224,8 @@ void RunMatrix(const std::map<std::string, FsOps*>& as_user) {
       }
     }
   }
-  EXPECT_EQ(checked, static_cast<int>(Areas().size() * kUsers.size() *
-                                      Ops().size()));
+  EXPECT_EQ(checked,
+            static_cast<int>(Areas().size() * kUsers.size() * Ops().size()));
 }
 
 TEST(AuthMatrixTest, ThroughTheApi) {
@@ -232,7 +235,8 @@ TEST(AuthMatrixTest, ThroughTheApi) {
   std::map<std::string, std::unique_ptr<FsOps>> ops;
   std::map<std::string, FsOps*> as_user;
   for (const auto& user : kUsers) {
-    ops[user] = MakeBackendOps(router.get(), "", nullptr, fixture->CallerFor(user));
+    ops[user] =
+        MakeBackendOps(router.get(), "", nullptr, fixture->CallerFor(user));
     as_user[user] = ops[user].get();
   }
   RunMatrix(as_user);
@@ -253,7 +257,8 @@ TEST(AuthMatrixTest, ThroughRealMounts) {
     views.push_back(MountedView::Start(ws, dirs.back()->path(),
                                        fixture->MountArgs(user), &error));
     ASSERT_NE(views.back(), nullptr) << error;
-    ASSERT_OK_AND_ASSIGN(auto fs, MakeSyscallOps(views.back()->mountpoint(), nullptr));
+    ASSERT_OK_AND_ASSIGN(auto fs,
+                         MakeSyscallOps(views.back()->mountpoint(), nullptr));
     ops[user] = std::move(fs);
     as_user[user] = ops[user].get();
   }
@@ -283,8 +288,8 @@ TEST(AuthMatrixTest, RevokingAndDisablingReachALiveMountWithinSeconds) {
   ASSERT_NE(fixture, nullptr);
   TempDir ws("agentvfs-ws"), mnt("agentvfs-mnt");
   std::string error;
-  auto view = MountedView::Start(ws.path(), mnt.path(), fixture->MountArgs("bob"),
-                                 &error);
+  auto view = MountedView::Start(ws.path(), mnt.path(),
+                                 fixture->MountArgs("bob"), &error);
   ASSERT_NE(view, nullptr) << error;
   ASSERT_OK_AND_ASSIGN(auto fs, MakeSyscallOps(view->mountpoint(), nullptr));
   auto read_plan = [&] {

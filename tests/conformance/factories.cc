@@ -7,9 +7,9 @@
 #include "backends/local_dir/local_dir.h"
 #include "backends/store/admin.h"
 #include "backends/store/store.h"
-#include "tests/support/store_fixture.h"
 #include "router/router.h"
 #include "tests/support/mount_fixture.h"
+#include "tests/support/store_fixture.h"
 
 namespace agentvfs::conformance {
 namespace {

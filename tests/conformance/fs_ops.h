@@ -100,9 +100,9 @@ Result<std::unique_ptr<FsOps>> MakeSyscallOps(const std::string& root_path,
 // Calls on a vfs::Backend (any, usually a Router) as `caller`, with paths
 // placed under `prefix` ("/workspace"). `keep_alive` is destroyed after the
 // backend is no longer used (it may own the backend).
-std::unique_ptr<FsOps> MakeBackendOps(vfs::Backend* backend, std::string prefix,
-                                      std::shared_ptr<void> keep_alive,
-                                      vfs::Caller caller = vfs::Caller::Local());
+std::unique_ptr<FsOps> MakeBackendOps(
+    vfs::Backend* backend, std::string prefix, std::shared_ptr<void> keep_alive,
+    vfs::Caller caller = vfs::Caller::Local());
 
 // How an instantiation of the suite builds a fresh, empty root per test.
 struct FsOpsFactory {

@@ -75,7 +75,8 @@ int OpenFd(const std::string& path, int flags) {
 }
 
 bool WriteAllFd(int fd, const std::string& data) {
-  return write(fd, data.data(), data.size()) == static_cast<ssize_t>(data.size());
+  return write(fd, data.data(), data.size()) ==
+         static_cast<ssize_t>(data.size());
 }
 
 TEST_F(TwoMountsTest, AConcurrentWriterGetsEbusyUntilTheHolderCloses) {
@@ -130,8 +131,8 @@ TEST_F(TwoMountsTest, OfTwoRacingCreatesOneWinsAndTheOtherIsTold) {
   std::string a = MountAs("alice"), b = MountAs("bob");
   for (int round = 0; round < 10; ++round) {
     for (int flags : {O_WRONLY | O_CREAT, O_WRONLY | O_CREAT | O_EXCL}) {
-      std::string name = "race-" + std::to_string(round) +
-                         ((flags & O_EXCL) ? "-excl" : "");
+      std::string name =
+          "race-" + std::to_string(round) + ((flags & O_EXCL) ? "-excl" : "");
       std::barrier sync(2);
       int err[2] = {0, 0};
       auto racer = [&](int i, const std::string& mnt) {
@@ -174,7 +175,7 @@ TEST_F(TwoMountsTest, ALeaseDiesWithItsHolder) {
   ASSERT_EQ(ErrnoText(errno), ErrnoText(EBUSY));
   // Alice's daemon dies with the file open for writing.
   ASSERT_EQ(kill(views_[0]->pid(), SIGKILL), 0);
-  close(fa);  // ENOTCONN: the mount is dead
+  close(fa);                        // ENOTCONN: the mount is dead
   EXPECT_NE(views_[0]->Stop(), 0);  // reaps it and clears the dead mount
   views_[0].reset();
   int fb = OpenFd(Eng(b, "held.md"), O_WRONLY);
@@ -191,16 +192,18 @@ TEST_F(TwoMountsTest, ALeaseOfAnUnreachableHolderExpires) {
   ASSERT_TRUE(WriteFile(Eng(b, "remote.md"), "x\n", 0644));
   ASSERT_OK_AND_ASSIGN(auto engine, store::Engine::Open(store_->db(), false));
   int64_t expires = store::NowNs() + 1'500'000'000;
-  ASSERT_OK(engine->Write(store::Durability::kProcess, [&](store::Txn& t) -> vfs::Status {
-    auto r = t.Exec(
-        "INSERT INTO leases(ino, session, user, host, pid, pid_start, "
-        "expires_ns) SELECT d.ino, 'far-away', 'alice', 'other-host', 1, 1, ? "
-        "FROM dentries d WHERE d.name = 'remote.md'",
-        {expires});
-    if (!r) return std::unexpected(r.error());
-    if (*r != 1) return vfs::Fail(EIO, "no such file in the store");
-    return {};
-  }));
+  ASSERT_OK(engine->Write(
+      store::Durability::kProcess, [&](store::Txn& t) -> vfs::Status {
+        auto r = t.Exec(
+            "INSERT INTO leases(ino, session, user, host, pid, pid_start, "
+            "expires_ns) SELECT d.ino, 'far-away', 'alice', 'other-host', 1, "
+            "1, ? "
+            "FROM dentries d WHERE d.name = 'remote.md'",
+            {expires});
+        if (!r) return std::unexpected(r.error());
+        if (*r != 1) return vfs::Fail(EIO, "no such file in the store");
+        return {};
+      }));
   errno = 0;
   EXPECT_EQ(OpenFd(Eng(b, "remote.md"), O_WRONLY), -1);
   EXPECT_EQ(ErrnoText(errno), ErrnoText(EBUSY));
@@ -215,9 +218,9 @@ double SecondsUntilContent(const std::string& path, const std::string& want,
                            double limit_s) {
   auto start = std::chrono::steady_clock::now();
   while (true) {
-    double t = std::chrono::duration<double>(std::chrono::steady_clock::now() -
-                                             start)
-                   .count();
+    double t =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start)
+            .count();
     if (ReadFile(path).value_or("") == want) return t;
     if (t > limit_s) return -1;
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
@@ -232,8 +235,8 @@ TEST_F(TwoMountsTest, AnotherSessionsCommitIsVisibleWithinASecond) {
   ASSERT_TRUE(WriteFile(Eng(b, "shared.md"), "first\n", 0644));
   ASSERT_GE(SecondsUntilContent(Eng(a, "shared.md"), "first\n", 2.0), 0);
   for (int i = 0; i < 5; ++i) {
-    std::string content = "change " + std::to_string(i) + " by bob" +
-                          std::string(i, '!') + "\n";
+    std::string content =
+        "change " + std::to_string(i) + " by bob" + std::string(i, '!') + "\n";
     // Bob must have read what he replaces.
     ASSERT_TRUE(ReadFile(Eng(b, "shared.md")).has_value());
     ASSERT_TRUE(WriteFile(Eng(b, "shared.md"), content, 0644));
@@ -251,10 +254,10 @@ TEST_F(TwoMountsTest, AnotherSessionsCommitIsVisibleWithinASecond) {
          std::chrono::steady_clock::now() - start < std::chrono::seconds(3)) {
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
-  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() -
-                                          start)
-                .count(),
-            1.0)
+  EXPECT_LT(
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start)
+          .count(),
+      1.0)
       << "the removal took too long to show";
 }
 

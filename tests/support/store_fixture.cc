@@ -2,9 +2,8 @@
 #include "tests/support/store_fixture.h"
 
 #include <fcntl.h>
-#include <unistd.h>
-
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <fstream>
 
@@ -35,7 +34,8 @@ vfs::Result<std::unique_ptr<StoreFixture>> StoreFixture::Create(
     int fd = open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
     if (fd < 0) return vfs::Fail(errno, "cannot write " + path);
     std::string line = token + "\n";
-    if (write(fd, line.data(), line.size()) != static_cast<ssize_t>(line.size())) {
+    if (write(fd, line.data(), line.size()) !=
+        static_cast<ssize_t>(line.size())) {
       close(fd);
       return vfs::Fail(EIO, "short write of " + path);
     }
@@ -81,7 +81,8 @@ std::unique_ptr<router::Router> StoreFixture::MakeRouter(
   return r;
 }
 
-std::vector<std::string> StoreFixture::MountArgs(const std::string& user) const {
+std::vector<std::string> StoreFixture::MountArgs(
+    const std::string& user) const {
   return {"--store", db_, "--token-file", TokenFile(user)};
 }
 

@@ -3,10 +3,11 @@
 // numbered migrations, a store from a newer agentvfs is refused instead of
 // being damaged, a failed transaction leaves nothing behind, and the file is
 // private to its owner.
+#include "backends/store/engine.h"
+
 #include <sqlite3.h>
 #include <sys/stat.h>
 
-#include "backends/store/engine.h"
 #include "tests/support/files.h"
 #include "tests/support/mount_fixture.h"
 #include "tests/support/result_matchers.h"
@@ -73,8 +74,9 @@ TEST(EngineTest, AStoreFromANewerVersionIsRefusedUntouched) {
   { ASSERT_OK_AND_ASSIGN(auto e, Engine::Open(path, true)); }
   sqlite3* db = nullptr;
   ASSERT_EQ(sqlite3_open(path.c_str(), &db), SQLITE_OK);
-  ASSERT_EQ(sqlite3_exec(db, "PRAGMA user_version=999", nullptr, nullptr, nullptr),
-            SQLITE_OK);
+  ASSERT_EQ(
+      sqlite3_exec(db, "PRAGMA user_version=999", nullptr, nullptr, nullptr),
+      SQLITE_OK);
   sqlite3_close(db);
   auto e = Engine::Open(path, false);
   ASSERT_FALSE(e.has_value());

@@ -35,8 +35,8 @@ class HistoryTest : public ::testing::Test {
   vfs::Path P(const std::string& p) { return *vfs::Path::Parse(p); }
 
   vfs::Status Put(const vfs::Caller& c, const std::string& path,
-                  const std::string& data, int flags = O_WRONLY | O_CREAT |
-                                                        O_TRUNC) {
+                  const std::string& data,
+                  int flags = O_WRONLY | O_CREAT | O_TRUNC) {
     auto f = backend_->Open(c, P(path), flags, 0644);
     if (!f) return std::unexpected(f.error());
     if (!data.empty()) {
@@ -187,7 +187,8 @@ TEST_F(HistoryTest, PurgeErasesTheBytesForGood) {
   backend_.reset();  // let SQLite fold the log back: the secret is on disk
   backend_ = fixture_->OpenBackend();
   ASSERT_NE(backend_, nullptr);
-  std::string db = FileBytes(fixture_->db()) + FileBytes(fixture_->db() + "-wal");
+  std::string db =
+      FileBytes(fixture_->db()) + FileBytes(fixture_->db() + "-wal");
   ASSERT_NE(db.find(secret), std::string::npos) << "test setup: secret stored";
 
   // Only admins purge.
