@@ -64,22 +64,22 @@ CREATE TABLE versions(
   deleted INTEGER NOT NULL DEFAULT 0,
   PRIMARY KEY(ino, n)) WITHOUT ROWID;
 CREATE INDEX versions_path ON versions(path, time_ns);
-CREATE INDEX versions_content ON versions(content);
 CREATE TABLE contents(
   hash TEXT PRIMARY KEY,
   size INTEGER NOT NULL,
-  chunks INTEGER NOT NULL) WITHOUT ROWID;
+  chunks INTEGER NOT NULL,
+  refs INTEGER NOT NULL) WITHOUT ROWID;
 CREATE TABLE blobs(
   id INTEGER PRIMARY KEY,
   hash TEXT NOT NULL UNIQUE,
   size INTEGER NOT NULL,
+  refs INTEGER NOT NULL,
   data BLOB NOT NULL);
 CREATE TABLE chunks(
   content TEXT NOT NULL,
   seq INTEGER NOT NULL,
   blob INTEGER NOT NULL,
   PRIMARY KEY(content, seq)) WITHOUT ROWID;
-CREATE INDEX chunks_blob ON chunks(blob);
 CREATE TABLE users(
   name TEXT PRIMARY KEY,
   token_hash TEXT NOT NULL UNIQUE,

@@ -137,34 +137,142 @@ bool AllZero(const char* p, size_t n) {
   return true;
 }
 
-Result<ContentDigest> DigestFile(int fd) {
-  ContentDigest d;
-  struct stat st;
-  if (fd >= 0 && fstat(fd, &st) != 0) {
-    return std::unexpected(vfs::FromErrno(errno, "stat draft", ""));
+// A draft: what a session has written and not yet committed. Small drafts
+// (most memories) live in memory; one that grows past kSpillAt, or is
+// written at an offset beyond it (a sparse file), moves to an anonymous host
+// file in the store's scratch directory, so the daemon never holds a big
+// file in memory.
+class Draft {
+ public:
+  static constexpr int64_t kSpillAt = int64_t{1} << 20;
+
+  explicit Draft(std::string dir) : dir_(std::move(dir)) {}
+  ~Draft() {
+    if (fd_ >= 0) close(fd_);
   }
-  d.size = fd >= 0 ? st.st_size : 0;
+  Draft(const Draft&) = delete;
+  Draft& operator=(const Draft&) = delete;
+
+  int64_t Size() const {
+    if (fd_ < 0) return static_cast<int64_t>(mem_.size());
+    struct stat st;
+    return fstat(fd_, &st) == 0 ? st.st_size : 0;
+  }
+  // 512-byte blocks in use (holes take none).
+  int64_t Blocks() const {
+    if (fd_ < 0) return (static_cast<int64_t>(mem_.size()) + 511) / 512;
+    struct stat st;
+    return fstat(fd_, &st) == 0 ? st.st_blocks : 0;
+  }
+
+  Result<size_t> Read(void* buf, size_t size, int64_t off) const {
+    if (fd_ < 0) {
+      if (off >= static_cast<int64_t>(mem_.size())) return size_t{0};
+      size_t n = std::min(size, mem_.size() - static_cast<size_t>(off));
+      memcpy(buf, mem_.data() + off, n);
+      return n;
+    }
+    size_t have = 0;
+    while (have < size) {
+      ssize_t n = pread(fd_, static_cast<char*>(buf) + have, size - have,
+                        off + static_cast<int64_t>(have));
+      if (n < 0) {
+        if (errno == EINTR) continue;
+        return std::unexpected(vfs::FromErrno(errno, "read draft", ""));
+      }
+      if (n == 0) break;
+      have += static_cast<size_t>(n);
+    }
+    return have;
+  }
+
+  Result<size_t> Write(const void* buf, size_t size, int64_t off) {
+    if (fd_ < 0 && off + static_cast<int64_t>(size) > kSpillAt) {
+      TRY(Spill());
+    }
+    if (fd_ < 0) {
+      size_t end = static_cast<size_t>(off) + size;
+      if (end > mem_.size()) mem_.resize(end, '\0');
+      memcpy(mem_.data() + off, buf, size);
+      return size;
+    }
+    size_t done = 0;
+    while (done < size) {
+      ssize_t n = pwrite(fd_, static_cast<const char*>(buf) + done,
+                         size - done, off + static_cast<int64_t>(done));
+      if (n < 0) {
+        if (errno == EINTR) continue;
+        return std::unexpected(vfs::FromErrno(errno, "write", ""));
+      }
+      done += static_cast<size_t>(n);
+    }
+    return size;
+  }
+
+  Status Truncate(int64_t size) {
+    if (fd_ < 0 && size > kSpillAt) TRY(Spill());
+    if (fd_ < 0) {
+      mem_.resize(static_cast<size_t>(size), '\0');
+      return {};
+    }
+    if (ftruncate(fd_, size) != 0) {
+      return std::unexpected(vfs::FromErrno(errno, "truncate", ""));
+    }
+    return {};
+  }
+
+  // True when [off, off + len) is known to hold no data (a hole of the
+  // host file); false when it may hold data.
+  bool IsHole(int64_t off, size_t len) const {
+    if (fd_ < 0) return false;
+    off_t data = lseek(fd_, off, SEEK_DATA);
+    return (data < 0 && errno == ENXIO) ||
+           (data >= off + static_cast<off_t>(len));
+  }
+
+ private:
+  Status Spill() {
+    int fd = open(dir_.c_str(), O_TMPFILE | O_RDWR | O_CLOEXEC, 0600);
+    if (fd < 0) {
+      std::string tmpl = dir_ + "/.agentvfs-draft-XXXXXX";
+      fd = mkostemp(tmpl.data(), O_CLOEXEC);
+      if (fd < 0) {
+        return std::unexpected(vfs::FromErrno(errno, "create draft", dir_));
+      }
+      unlink(tmpl.c_str());
+    }
+    fd_ = fd;
+    std::string mem = std::move(mem_);
+    mem_.clear();
+    mem_.shrink_to_fit();
+    if (!mem.empty()) {
+      auto n = Write(mem.data(), mem.size(), 0);
+      if (!n) return std::unexpected(n.error());
+    }
+    return {};
+  }
+
+  std::string dir_;
+  std::string mem_;  // the content while fd_ < 0
+  int fd_ = -1;
+};
+
+Result<ContentDigest> DigestDraft(const Draft* draft) {
+  ContentDigest d;
+  d.size = draft != nullptr ? draft->Size() : 0;
   Sha256 whole;
   whole.Update("agentvfs-content-1", 18);
-  std::string buf(kChunkSize, '\0');
-  for (off_t off = 0; off < d.size; off += static_cast<off_t>(kChunkSize)) {
+  std::string buf(static_cast<size_t>(
+                      std::min<int64_t>(static_cast<int64_t>(kChunkSize), d.size)),
+                  '\0');
+  for (int64_t off = 0; off < d.size; off += static_cast<int64_t>(kChunkSize)) {
     size_t len = static_cast<size_t>(
         std::min<int64_t>(static_cast<int64_t>(kChunkSize), d.size - off));
-    off_t data = lseek(fd, off, SEEK_DATA);
-    bool hole =
-        (data < 0 && errno == ENXIO) || (data >= off + static_cast<off_t>(len));
+    bool hole = draft->IsHole(off, len);
     std::string chunk_hash;
     if (!hole) {
-      size_t have = 0;
-      while (have < len) {
-        ssize_t n = pread(fd, buf.data() + have, len - have, off + have);
-        if (n < 0) {
-          if (errno == EINTR) continue;
-          return std::unexpected(vfs::FromErrno(errno, "read draft", ""));
-        }
-        if (n == 0) return Fail(EIO, "the draft shrank while it was committed");
-        have += static_cast<size_t>(n);
-      }
+      TRY_ASSIGN(have, draft->Read(buf.data(), len, off));
+      if (have != len) return Fail(EIO, "the draft shrank while it was committed");
       hole = AllZero(buf.data(), len);
       if (!hole) {
         Sha256 part;
@@ -182,18 +290,6 @@ Result<ContentDigest> DigestFile(int fd) {
   return d;
 }
 
-// A draft: an anonymous host file in the store's scratch directory.
-Result<int> NewDraftFile(const std::string& dir) {
-  int fd = open(dir.c_str(), O_TMPFILE | O_RDWR | O_CLOEXEC, 0600);
-  if (fd >= 0) return fd;
-  std::string tmpl = dir + "/.agentvfs-draft-XXXXXX";
-  fd = mkostemp(tmpl.data(), O_CLOEXEC);
-  if (fd < 0)
-    return std::unexpected(vfs::FromErrno(errno, "create draft", dir));
-  unlink(tmpl.c_str());
-  return fd;
-}
-
 }  // namespace
 
 // State of one file as open by one session: the draft shared by the
@@ -202,8 +298,8 @@ struct OpenNode {
   std::string session;
   int64_t ino = 0;
   std::mutex mu;  // guards everything below
-  int draft_fd = -1;
-  std::atomic<bool> has_draft{false};  // draft_fd >= 0, readable unlocked
+  std::unique_ptr<Draft> draft;
+  std::atomic<bool> has_draft{false};  // draft != nullptr, readable unlocked
   int64_t base_version = 0;            // version the draft is based on
   bool dirty = false;                  // the draft differs from base_version
   bool created = false;                // made by this session, never committed
@@ -216,9 +312,6 @@ struct OpenNode {
   std::string committed_content;
   int64_t committed_size = 0;
 
-  ~OpenNode() {
-    if (draft_fd >= 0) close(draft_fd);
-  }
 };
 
 class StoreBackend::Impl {
@@ -316,12 +409,9 @@ class StoreBackend::Impl {
     auto node = FindNode(c.session, static_cast<int64_t>(st.st_ino));
     if (!node) return;
     std::lock_guard lock(node->mu);
-    if (node->draft_fd >= 0) {
-      struct stat ds;
-      if (fstat(node->draft_fd, &ds) == 0) {
-        st.st_size = ds.st_size;
-        st.st_blocks = ds.st_blocks;
-      }
+    if (node->draft) {
+      st.st_size = node->draft->Size();
+      st.st_blocks = node->draft->Blocks();
       if (node->last_write_ns > 0) {
         st.st_mtim.tv_sec = node->last_write_ns / 1'000'000'000;
         st.st_mtim.tv_nsec = node->last_write_ns % 1'000'000'000;
@@ -402,7 +492,7 @@ class StoreBackend::Impl {
 
   // --- content ---------------------------------------------------------
   // Writes the content `hash` into `fd` from offset 0.
-  Status CopyContentTo(const std::string& hash, int fd) {
+  Status CopyContentTo(const std::string& hash, Draft& draft) {
     if (hash.empty()) return {};
     std::vector<std::pair<int64_t, int64_t>> blobs;  // (id, size)
     TRY(engine_.Read([&](Txn& txn) -> Status {
@@ -415,7 +505,7 @@ class StoreBackend::Impl {
       for (const auto& r : *rows) blobs.emplace_back(AsInt(r[0]), AsInt(r[1]));
       return {};
     }));
-    std::string buf(kChunkSize, '\0');
+    std::string buf;
     off_t off = 0;
     int64_t total = 0;
     TRY(engine_.Read([&](Txn& txn) -> Status {
@@ -429,78 +519,60 @@ class StoreBackend::Impl {
         off += static_cast<off_t>(kChunkSize);
         continue;
       }
+      buf.resize(static_cast<size_t>(size));
       TRY(engine_.Read([&](Txn& txn) -> Status {
         auto n = txn.ReadBlob("blobs", "data", id, buf.data(),
                               static_cast<size_t>(size), 0);
         if (!n) return std::unexpected(n.error());
         return {};
       }));
-      size_t done = 0;
-      while (done < static_cast<size_t>(size)) {
-        ssize_t n = pwrite(fd, buf.data() + done, size - done, off + done);
-        if (n < 0) {
-          if (errno == EINTR) continue;
-          return std::unexpected(vfs::FromErrno(errno, "write draft", ""));
-        }
-        done += static_cast<size_t>(n);
-      }
+      auto put = draft.Write(buf.data(), buf.size(), off);
+      if (!put) return std::unexpected(put.error());
       off += size;
     }
-    if (ftruncate(fd, total) != 0) {
-      return std::unexpected(vfs::FromErrno(errno, "size draft", ""));
-    }
-    return {};
+    return draft.Truncate(total);
   }
 
-  // Stores the draft's content (chunks not yet stored) inside `txn`.
-  Status StoreContent(Txn& txn, int fd, const ContentDigest& d) {
-    auto have = txn.Query("SELECT 1 FROM contents WHERE hash = ?", {d.hash});
-    if (!have) return std::unexpected(have.error());
-    if (!have->empty()) return {};
+  // Stores the draft's content inside `txn` (the chunks not stored yet)
+  // and counts one more version referring to it.
+  Status StoreContent(Txn& txn, const Draft* draft, const ContentDigest& d) {
+    auto known = txn.Exec("UPDATE contents SET refs = refs + 1 WHERE hash = ?",
+                          {d.hash});
+    if (!known) return std::unexpected(known.error());
+    if (*known > 0) return {};
     std::string buf;
-    off_t off = 0;
+    int64_t off = 0;
     for (size_t i = 0; i < d.chunk_hashes.size(); ++i) {
-      if (d.chunk_hashes[i].empty()) {  // a hole: no blob
-        auto ch =
-            txn.Exec("INSERT INTO chunks(content, seq, blob) VALUES(?, ?, 0)",
-                     {d.hash, static_cast<int64_t>(i)});
-        if (!ch) return std::unexpected(ch.error());
-        off += static_cast<off_t>(d.chunk_sizes[i]);
-        continue;
-      }
-      auto id_rows =
-          txn.Query("SELECT id FROM blobs WHERE hash = ?", {d.chunk_hashes[i]});
-      if (!id_rows) return std::unexpected(id_rows.error());
-      int64_t id;
-      if (!id_rows->empty()) {
-        id = AsInt((*id_rows)[0][0]);
-      } else {
-        buf.resize(d.chunk_sizes[i]);
-        size_t done = 0;
-        while (done < buf.size()) {
-          ssize_t n =
-              pread(fd, buf.data() + done, buf.size() - done, off + done);
-          if (n <= 0) {
-            if (n < 0 && errno == EINTR) continue;
+      int64_t id = 0;  // 0: a hole, no blob
+      if (!d.chunk_hashes[i].empty()) {
+        auto shared = txn.Query(
+            "UPDATE blobs SET refs = refs + 1 WHERE hash = ? RETURNING id",
+            {d.chunk_hashes[i]});
+        if (!shared) return std::unexpected(shared.error());
+        if (!shared->empty()) {
+          id = AsInt((*shared)[0][0]);
+        } else {
+          buf.resize(d.chunk_sizes[i]);
+          TRY_ASSIGN(got, draft->Read(buf.data(), buf.size(), off));
+          if (got != buf.size()) {
             return Fail(EIO, "the draft changed while it was committed");
           }
-          done += static_cast<size_t>(n);
+          auto ins = txn.Query(
+              "INSERT INTO blobs(hash, size, data, refs) VALUES(?, ?, ?, 1) "
+              "RETURNING id",
+              {d.chunk_hashes[i], static_cast<int64_t>(buf.size()), Bytes{buf}});
+          if (!ins) return std::unexpected(ins.error());
+          id = AsInt((*ins)[0][0]);
         }
-        auto ins = txn.Query(
-            "INSERT INTO blobs(hash, size, data) VALUES(?, ?, ?) RETURNING id",
-            {d.chunk_hashes[i], static_cast<int64_t>(buf.size()), Bytes{buf}});
-        if (!ins) return std::unexpected(ins.error());
-        id = AsInt((*ins)[0][0]);
       }
-      auto ch =
-          txn.Exec("INSERT INTO chunks(content, seq, blob) VALUES(?, ?, ?)",
-                   {d.hash, static_cast<int64_t>(i), id});
+      auto ch = txn.Exec("INSERT INTO chunks(content, seq, blob) VALUES(?, ?, ?)",
+                         {d.hash, static_cast<int64_t>(i), id});
       if (!ch) return std::unexpected(ch.error());
-      off += static_cast<off_t>(d.chunk_sizes[i]);
+      off += static_cast<int64_t>(d.chunk_sizes[i]);
     }
-    auto ins =
-        txn.Exec("INSERT INTO contents(hash, size, chunks) VALUES(?, ?, ?)",
-                 {d.hash, d.size, static_cast<int64_t>(d.chunk_hashes.size())});
+    auto ins = txn.Exec(
+        "INSERT INTO contents(hash, size, chunks, refs) VALUES(?, ?, ?, 1)",
+        {d.hash, d.size, static_cast<int64_t>(d.chunk_hashes.size())});
     if (!ins) return std::unexpected(ins.error());
     return {};
   }
@@ -509,7 +581,7 @@ class StoreBackend::Impl {
   // session's lease in the same transaction.
   Status Commit(const Caller& c, OpenNode& node, Durability durability,
                 bool release) {
-    TRY_ASSIGN(digest, DigestFile(node.draft_fd));
+    TRY_ASSIGN(digest, DigestDraft(node.draft.get()));
     int64_t now = NowNs();
     int64_t committed = 0;
     TRY(engine_.Write(durability, [&](Txn& txn) -> Status {
@@ -543,7 +615,7 @@ class StoreBackend::Impl {
                                 "was committed; read it again and redo the "
                                 "change");
       }
-      TRY(StoreContent(txn, node.draft_fd, digest));
+      TRY(StoreContent(txn, node.draft.get(), digest));
       auto maxn = txn.Query(
           "SELECT COALESCE(MAX(n), 0) FROM versions WHERE ino = ?", {node.ino});
       if (!maxn) return std::unexpected(maxn.error());
@@ -709,9 +781,8 @@ class StoreFile final : public vfs::FileHandle {
       spdlog::warn("store: commit at release of {}: {}", node_->path,
                    ok.error().ToString());
     }
-    if (--node_->writers == 0 && node_->draft_fd >= 0) {
-      close(node_->draft_fd);
-      node_->draft_fd = -1;
+    if (--node_->writers == 0 && node_->draft) {
+      node_->draft.reset();
       node_->has_draft = false;
       node_->last_write_ns = 0;
     }
@@ -721,11 +792,7 @@ class StoreFile final : public vfs::FileHandle {
     if (!can_read_) return Fail(EBADF, "file not open for reading");
     {
       std::lock_guard lock(node_->mu);
-      if (node_->draft_fd >= 0) {
-        ssize_t n = pread(node_->draft_fd, buf, size, offset);
-        if (n < 0) return std::unexpected(vfs::FromErrno(errno, "read", ""));
-        return static_cast<size_t>(n);
-      }
+      if (node_->draft) return node_->draft->Read(buf, size, offset);
       if (node_->committed_version > version_) {
         version_ = node_->committed_version;
         content_ = node_->committed_content;
@@ -740,18 +807,11 @@ class StoreFile final : public vfs::FileHandle {
     if (!can_write_) return Fail(EBADF, "file not open for writing");
     std::lock_guard lock(node_->mu);
     TRY(EnsureLeaseLocked());
-    if (flags_ & O_APPEND) {
-      struct stat st;
-      if (fstat(node_->draft_fd, &st) != 0) {
-        return std::unexpected(vfs::FromErrno(errno, "stat draft", ""));
-      }
-      offset = st.st_size;
-    }
-    ssize_t n = pwrite(node_->draft_fd, buf, size, offset);
-    if (n < 0) return std::unexpected(vfs::FromErrno(errno, "write", ""));
+    if (flags_ & O_APPEND) offset = node_->draft->Size();
+    TRY_ASSIGN(n, node_->draft->Write(buf, size, offset));
     node_->dirty = true;
     node_->last_write_ns = NowNs();
-    return static_cast<size_t>(n);
+    return n;
   }
 
   Result<vfs::Attr> Stat() override {
@@ -779,9 +839,7 @@ class StoreFile final : public vfs::FileHandle {
     if (!can_write_) return Fail(EINVAL, "file not open for writing");
     std::lock_guard lock(node_->mu);
     TRY(EnsureLeaseLocked());
-    if (ftruncate(node_->draft_fd, size) != 0) {
-      return std::unexpected(vfs::FromErrno(errno, "truncate", ""));
-    }
+    TRY(node_->draft->Truncate(size));
     node_->dirty = true;
     node_->last_write_ns = NowNs();
     return {};
@@ -1154,27 +1212,21 @@ Result<std::unique_ptr<vfs::FileHandle>> StoreBackend::Open(const Caller& c,
     return std::unexpected(e);
   };
   if (created) node->created = true;
-  if (node->draft_fd < 0) {
-    auto fd = NewDraftFile(impl_->scratch_);
-    if (!fd) return undo(fd.error());
-    node->draft_fd = *fd;
+  if (!node->draft) {
+    auto draft = std::make_unique<Draft>(impl_->scratch_);
+    if (!(flags & O_TRUNC) && !created) {
+      if (auto ok = impl_->CopyContentTo(inode.content, *draft); !ok) {
+        return undo(ok.error());
+      }
+    }
+    node->draft = std::move(draft);
     node->has_draft = true;
     node->base_version = inode.version;
     node->dirty = false;
     node->last_write_ns = 0;
-    if (!(flags & O_TRUNC) && !created) {
-      if (auto ok = impl_->CopyContentTo(inode.content, node->draft_fd); !ok) {
-        close(node->draft_fd);
-        node->draft_fd = -1;
-        node->has_draft = false;
-        return undo(ok.error());
-      }
-    }
   }
   if (flags & O_TRUNC) {
-    if (ftruncate(node->draft_fd, 0) != 0) {
-      return undo(vfs::FromErrno(errno, "truncate", path.str()));
-    }
+    if (auto ok = node->draft->Truncate(0); !ok) return undo(ok.error());
     node->dirty = true;
     node->last_write_ns = now;
   }
@@ -1768,8 +1820,7 @@ Result<PurgeReport> StoreBackend::Purge(const Caller& c, const Path& path,
       if (!del) return std::unexpected(del.error());
       report.versions += *del;
       if (!keep && inode) {
-        if (!inode->content.empty()) hashes.push_back(inode->content);
-        auto names =
+          auto names =
             txn.Query("SELECT parent, name FROM dentries WHERE ino = ?", {ino});
         if (!names) return std::unexpected(names.error());
         for (const auto& r : *names) {
@@ -1787,16 +1838,16 @@ Result<PurgeReport> StoreBackend::Purge(const Caller& c, const Path& path,
         TRY(RecordChange(txn, canon, c.session, now));
       }
     }
-    // Content nobody refers to any more goes, and chunks nobody shares.
+    // One reference less per version gone; content nobody refers to any
+    // more goes, and so do chunks nobody shares.
     for (const auto& h : hashes) {
-      auto used = txn.Query(
-          "SELECT 1 FROM versions WHERE content = ? UNION ALL "
-          "SELECT 1 FROM inodes WHERE content = ? LIMIT 1",
-          {h, h});
-      if (!used) return std::unexpected(used.error());
-      if (!used->empty()) continue;
-      auto blobs =
-          txn.Query("SELECT DISTINCT blob FROM chunks WHERE content = ?", {h});
+      auto left = txn.Query(
+          "UPDATE contents SET refs = refs - 1 WHERE hash = ? RETURNING refs",
+          {h});
+      if (!left) return std::unexpected(left.error());
+      if (left->empty() || AsInt((*left)[0][0]) > 0) continue;
+      auto blobs = txn.Query(
+          "SELECT blob FROM chunks WHERE content = ? AND blob != 0", {h});
       if (!blobs) return std::unexpected(blobs.error());
       auto dc = txn.Exec("DELETE FROM chunks WHERE content = ?", {h});
       if (!dc) return std::unexpected(dc.error());
@@ -1804,15 +1855,15 @@ Result<PurgeReport> StoreBackend::Purge(const Caller& c, const Path& path,
       if (!dd) return std::unexpected(dd.error());
       for (const auto& b : *blobs) {
         int64_t id = AsInt(b[0]);
-        auto shared =
-            txn.Query("SELECT 1 FROM chunks WHERE blob = ? LIMIT 1", {id});
-        if (!shared) return std::unexpected(shared.error());
-        if (!shared->empty()) continue;
-        auto sz = txn.Query("SELECT size FROM blobs WHERE id = ?", {id});
-        if (sz && !sz->empty()) report.bytes += AsInt((*sz)[0][0]);
+        auto refs = txn.Query(
+            "UPDATE blobs SET refs = refs - 1 WHERE id = ? RETURNING refs, size",
+            {id});
+        if (!refs) return std::unexpected(refs.error());
+        if (refs->empty() || AsInt((*refs)[0][0]) > 0) continue;
         auto db = txn.Exec("DELETE FROM blobs WHERE id = ?", {id});
         if (!db) return std::unexpected(db.error());
         report.blobs += *db;
+        report.bytes += AsInt((*refs)[0][1]);
       }
     }
     return {};
