@@ -263,10 +263,11 @@ vfs::Status TouchDir(Txn& txn, int64_t dir, int64_t now_ns) {
 }
 
 vfs::Status RecordChange(Txn& txn, const std::string& path,
-                         const std::string& session, int64_t now_ns) {
-  auto ok =
-      txn.Exec("INSERT INTO changes(path, session, time_ns) VALUES(?, ?, ?)",
-               {path, session, now_ns});
+                         const std::string& session, int64_t now_ns,
+                         const std::string& origin) {
+  auto ok = txn.Exec(
+      "INSERT INTO changes(path, session, origin, time_ns) VALUES(?, ?, ?, ?)",
+      {path, session, origin, now_ns});
   if (!ok) return std::unexpected(ok.error());
   return {};
 }

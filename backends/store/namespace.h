@@ -72,9 +72,11 @@ vfs::Result<Inode> CreateNode(Txn& txn, const Inode& parent,
 // Bumps a directory's mtime and ctime (an entry was added or removed).
 vfs::Status TouchDir(Txn& txn, int64_t dir, int64_t now_ns);
 
-// Appends to the change feed.
+// Appends to the change feed. `origin` names the frontend that made the
+// change when its kernel already knows it (see StoreBackend's poller).
 vfs::Status RecordChange(Txn& txn, const std::string& path,
-                         const std::string& session, int64_t now_ns);
+                         const std::string& session, int64_t now_ns,
+                         const std::string& origin = "");
 
 // The path of a directory inode, rebuilt from its entries ("" if gone).
 vfs::Result<std::string> DirPath(Txn& txn, int64_t dir);

@@ -108,6 +108,7 @@ CREATE TABLE changes(
   seq INTEGER PRIMARY KEY AUTOINCREMENT,
   path TEXT NOT NULL,
   session TEXT NOT NULL,
+  origin TEXT NOT NULL,
   time_ns INTEGER NOT NULL);
 INSERT INTO inodes(ino, kind, mode, uid, gid, nlink, size, atime_ns, mtime_ns,
                    ctime_ns)

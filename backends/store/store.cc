@@ -324,6 +324,9 @@ class StoreBackend::Impl {
     pid_ = getpid();
     pid_start_ = ProcessStart(pid_);
     scratch_ = engine_.ScratchDir();
+    instance_ = host_ + ":" + std::to_string(pid_) + ":" +
+                std::to_string(pid_start_) + ":" +
+                std::to_string(reinterpret_cast<uintptr_t>(this));
     background_ = std::thread([this] { Background(); });
   }
 
@@ -334,6 +337,14 @@ class StoreBackend::Impl {
     }
     bg_cv_.notify_all();
     background_.join();
+  }
+
+  // Requests that came through a frontend's kernel (FUSE: the caller has a
+  // pid) are marked with this instance, so that its own poller does not ask
+  // the kernel to forget what the kernel itself just did. Changes made
+  // through the API (the harness's tools: no pid) are reported to it.
+  std::string Origin(const Caller& c) const {
+    return c.pid != 0 ? instance_ : std::string();
   }
 
   // --- auth ------------------------------------------------------------
@@ -635,7 +646,7 @@ class StoreBackend::Impl {
           "mtime_ns = ?, ctime_ns = ? WHERE ino = ?",
           {n, digest.hash, digest.size, digest.stored, mtime, now, node.ino});
       if (!u) return std::unexpected(u.error());
-      if (!path.empty()) TRY(RecordChange(txn, path, c.session, now));
+      if (!path.empty()) TRY(RecordChange(txn, path, c.session, now, Origin(c)));
       if (release) TRY(DropLease(txn, c, node.ino));
       committed = n;
       return {};
@@ -710,12 +721,13 @@ class StoreBackend::Impl {
     std::vector<std::string> paths;
     (void)engine_.Read([&](Txn& txn) -> Status {
       auto rows = txn.Query(
-          "SELECT seq, path FROM changes WHERE seq > ? ORDER BY seq LIMIT 2000",
+          "SELECT seq, path, origin FROM changes WHERE seq > ? ORDER BY seq "
+          "LIMIT 2000",
           {last_seq_});
       if (!rows) return std::unexpected(rows.error());
       for (const auto& r : *rows) {
         last_seq_ = AsInt(r[0]);
-        paths.push_back(AsText(r[1]));
+        if (AsText(r[2]) != instance_) paths.push_back(AsText(r[1]));
       }
       return {};
     });
@@ -733,6 +745,7 @@ class StoreBackend::Impl {
   pid_t pid_;
   int64_t pid_start_;
   std::string scratch_;
+  std::string instance_;  // this backend among all processes of the store
   std::atomic<int64_t> held_leases_{0};
 
   std::mutex nodes_mu_;  // guards nodes_ and seen_
@@ -928,7 +941,7 @@ class StoreFile final : public vfs::FileHandle {
           {int64_t{n.mode}, n.uid, n.gid, n.atime_ns, n.mtime_ns, now, n.ino});
       if (!u) return std::unexpected(u.error());
       TRY_ASSIGN(path, AnyPath(txn, n.ino));
-      if (!path.empty()) TRY(RecordChange(txn, path, caller_.session, now));
+      if (!path.empty()) TRY(RecordChange(txn, path, caller_.session, now, impl_.Origin(caller_)));
       return {};
     });
   }
@@ -1162,7 +1175,7 @@ Result<std::unique_ptr<vfs::FileHandle>> StoreBackend::Open(const Caller& c,
                                OwnerUid(c), OwnerGid(c), "", now));
       inode = n;
       created = true;
-      TRY(RecordChange(txn, w.path, c.session, now));
+      TRY(RecordChange(txn, w.path, c.session, now, impl_->Origin(c)));
     } else {
       if (create && (flags & O_EXCL)) return Fail(EEXIST, "file exists");
       if (w.node->IsLink()) return Fail(ELOOP, "O_NOFOLLOW on a symlink");
@@ -1251,7 +1264,7 @@ Status StoreBackend::Mkdir(const Caller& c, const Path& path, mode_t mode) {
     TRY_ASSIGN(n, CreateNode(txn, *w.parent, w.name, S_IFDIR, mode & 07777,
                              OwnerUid(c), OwnerGid(c), "", now));
     (void)n;
-    return RecordChange(txn, w.path, c.session, now);
+    return RecordChange(txn, w.path, c.session, now, impl_->Origin(c));
   });
 }
 
@@ -1271,7 +1284,7 @@ Status StoreBackend::Symlink(const Caller& c, const std::string& target,
     TRY_ASSIGN(n, CreateNode(txn, *w.parent, w.name, S_IFLNK, 0777, OwnerUid(c),
                              OwnerGid(c), target, now));
     (void)n;
-    return RecordChange(txn, w.path, c.session, now);
+    return RecordChange(txn, w.path, c.session, now, impl_->Origin(c));
   });
 }
 
@@ -1353,7 +1366,7 @@ Status StoreBackend::Unlink(const Caller& c, const Path& path) {
       TRY(impl_->CheckStale(txn, c, *w.node, w.path));
     }
     TRY(RemoveName(txn, c, *w.parent, w.name, *w.node, w.path, now));
-    return RecordChange(txn, w.path, c.session, now);
+    return RecordChange(txn, w.path, c.session, now, impl_->Origin(c));
   });
 }
 
@@ -1372,7 +1385,7 @@ Status StoreBackend::Rmdir(const Caller& c, const Path& path) {
     if (!any) return std::unexpected(any.error());
     if (!any->empty()) return Fail(ENOTEMPTY, "directory not empty");
     TRY(RemoveName(txn, c, *w.parent, w.name, *w.node, w.path, now));
-    return RecordChange(txn, w.path, c.session, now);
+    return RecordChange(txn, w.path, c.session, now, impl_->Origin(c));
   });
 }
 
@@ -1400,7 +1413,7 @@ Status StoreBackend::Link(const Caller& c, const Path& from, const Path& to) {
         {now, src.node->ino});
     if (!up) return std::unexpected(up.error());
     TRY(TouchDir(txn, dst.parent->ino, now));
-    return RecordChange(txn, dst.path, c.session, now);
+    return RecordChange(txn, dst.path, c.session, now, impl_->Origin(c));
   });
 }
 
@@ -1515,8 +1528,8 @@ Status StoreBackend::Rename(const Caller& c, const Path& from, const Path& to,
     if (!ct) return std::unexpected(ct.error());
     TRY(TouchDir(txn, src.parent->ino, now));
     TRY(TouchDir(txn, dst.parent->ino, now));
-    TRY(RecordChange(txn, src.path, c.session, now));
-    return RecordChange(txn, dst.path, c.session, now);
+    TRY(RecordChange(txn, src.path, c.session, now, impl_->Origin(c)));
+    return RecordChange(txn, dst.path, c.session, now, impl_->Origin(c));
   });
 }
 
@@ -1564,7 +1577,7 @@ static Status ChangeAttrs(StoreBackend::Impl& impl, Engine& engine,
         {int64_t{n.mode}, n.uid, n.gid, n.atime_ns, n.mtime_ns, now, n.ino});
     if (!u) return std::unexpected(u.error());
     ino = n.ino;
-    return RecordChange(txn, w.path, c.session, now);
+    return RecordChange(txn, w.path, c.session, now, impl.Origin(c));
   }));
   if (change.times != nullptr && change.times[1].tv_nsec != UTIME_OMIT) {
     if (auto node = impl.FindNode(c.session, ino)) {
@@ -1752,7 +1765,7 @@ Result<VersionInfo> StoreBackend::Restore(const Caller& c, const Path& path,
         {now, ino});
     if (!u) return std::unexpected(u.error());
     TRY(TouchDir(txn, w.parent->ino, now));
-    return RecordChange(txn, w.path, c.session, now);
+    return RecordChange(txn, w.path, c.session, now, impl_->Origin(c));
   }));
   // The restorer has just looked at the history: what it restores over is
   // what it saw.
@@ -1835,7 +1848,7 @@ Result<PurgeReport> StoreBackend::Purge(const Caller& c, const Path& path,
         auto dl = txn.Exec("DELETE FROM leases WHERE ino = ?", {ino});
         if (!dl) return std::unexpected(dl.error());
         report.files += 1;
-        TRY(RecordChange(txn, canon, c.session, now));
+        TRY(RecordChange(txn, canon, c.session, now, impl_->Origin(c)));
       }
     }
     // One reference less per version gone; content nobody refers to any
