@@ -137,6 +137,23 @@ bool AllZero(const char* p, size_t n) {
   return true;
 }
 
+// A utimensat(2) time: the given one, now, or (UTIME_OMIT) the old one.
+int64_t PickTime(const struct timespec& t, int64_t old, int64_t now) {
+  if (t.tv_nsec == UTIME_OMIT) return old;
+  if (t.tv_nsec == UTIME_NOW) return now;
+  return int64_t{t.tv_sec} * 1'000'000'000 + t.tv_nsec;
+}
+
+// Writes an inode's mode, owner and times; its ctime becomes `now`.
+Status SaveAttrs(Txn& txn, const Inode& n, int64_t now) {
+  auto u = txn.Exec(
+      "UPDATE inodes SET mode = ?, uid = ?, gid = ?, atime_ns = ?, "
+      "mtime_ns = ?, ctime_ns = ? WHERE ino = ?",
+      {int64_t{n.mode}, n.uid, n.gid, n.atime_ns, n.mtime_ns, now, n.ino});
+  if (!u) return std::unexpected(u.error());
+  return {};
+}
+
 // A draft: what a session has written and not yet committed. Small drafts
 // (most memories) live in memory; one that grows past kSpillAt, or is
 // written at an offset beyond it (a sparse file), moves to an anonymous host
@@ -198,8 +215,8 @@ class Draft {
     }
     size_t done = 0;
     while (done < size) {
-      ssize_t n = pwrite(fd_, static_cast<const char*>(buf) + done,
-                         size - done, off + static_cast<int64_t>(done));
+      ssize_t n = pwrite(fd_, static_cast<const char*>(buf) + done, size - done,
+                         off + static_cast<int64_t>(done));
       if (n < 0) {
         if (errno == EINTR) continue;
         return std::unexpected(vfs::FromErrno(errno, "write", ""));
@@ -262,8 +279,8 @@ Result<ContentDigest> DigestDraft(const Draft* draft) {
   d.size = draft != nullptr ? draft->Size() : 0;
   Sha256 whole;
   whole.Update("agentvfs-content-1", 18);
-  std::string buf(static_cast<size_t>(
-                      std::min<int64_t>(static_cast<int64_t>(kChunkSize), d.size)),
+  std::string buf(static_cast<size_t>(std::min<int64_t>(
+                      static_cast<int64_t>(kChunkSize), d.size)),
                   '\0');
   for (int64_t off = 0; off < d.size; off += static_cast<int64_t>(kChunkSize)) {
     size_t len = static_cast<size_t>(
@@ -272,7 +289,8 @@ Result<ContentDigest> DigestDraft(const Draft* draft) {
     std::string chunk_hash;
     if (!hole) {
       TRY_ASSIGN(have, draft->Read(buf.data(), len, off));
-      if (have != len) return Fail(EIO, "the draft shrank while it was committed");
+      if (have != len)
+        return Fail(EIO, "the draft shrank while it was committed");
       hole = AllZero(buf.data(), len);
       if (!hole) {
         Sha256 part;
@@ -311,7 +329,6 @@ struct OpenNode {
   int64_t committed_version = 0;
   std::string committed_content;
   int64_t committed_size = 0;
-
 };
 
 class StoreBackend::Impl {
@@ -571,13 +588,15 @@ class StoreBackend::Impl {
           auto ins = txn.Query(
               "INSERT INTO blobs(hash, size, data, refs) VALUES(?, ?, ?, 1) "
               "RETURNING id",
-              {d.chunk_hashes[i], static_cast<int64_t>(buf.size()), Bytes{buf}});
+              {d.chunk_hashes[i], static_cast<int64_t>(buf.size()),
+               Bytes{buf}});
           if (!ins) return std::unexpected(ins.error());
           id = AsInt((*ins)[0][0]);
         }
       }
-      auto ch = txn.Exec("INSERT INTO chunks(content, seq, blob) VALUES(?, ?, ?)",
-                         {d.hash, static_cast<int64_t>(i), id});
+      auto ch =
+          txn.Exec("INSERT INTO chunks(content, seq, blob) VALUES(?, ?, ?)",
+                   {d.hash, static_cast<int64_t>(i), id});
       if (!ch) return std::unexpected(ch.error());
       off += static_cast<int64_t>(d.chunk_sizes[i]);
     }
@@ -646,7 +665,8 @@ class StoreBackend::Impl {
           "mtime_ns = ?, ctime_ns = ? WHERE ino = ?",
           {n, digest.hash, digest.size, digest.stored, mtime, now, node.ino});
       if (!u) return std::unexpected(u.error());
-      if (!path.empty()) TRY(RecordChange(txn, path, c.session, now, Origin(c)));
+      if (!path.empty())
+        TRY(RecordChange(txn, path, c.session, now, Origin(c)));
       if (release) TRY(DropLease(txn, c, node.ino));
       committed = n;
       return {};
@@ -927,21 +947,14 @@ class StoreFile final : public vfs::FileHandle {
       if (uid != nullptr && *uid != vfs::kKeepUid) n.uid = *uid;
       if (gid != nullptr && *gid != vfs::kKeepGid) n.gid = *gid;
       if (times != nullptr) {
-        auto pick = [now](const struct timespec& t, int64_t old) {
-          if (t.tv_nsec == UTIME_OMIT) return old;
-          if (t.tv_nsec == UTIME_NOW) return now;
-          return int64_t{t.tv_sec} * 1'000'000'000 + t.tv_nsec;
-        };
-        n.atime_ns = pick(times[0], n.atime_ns);
-        n.mtime_ns = pick(times[1], n.mtime_ns);
+        n.atime_ns = PickTime(times[0], n.atime_ns, now);
+        n.mtime_ns = PickTime(times[1], n.mtime_ns, now);
       }
-      auto u = txn.Exec(
-          "UPDATE inodes SET mode = ?, uid = ?, gid = ?, atime_ns = ?, "
-          "mtime_ns = ?, ctime_ns = ? WHERE ino = ?",
-          {int64_t{n.mode}, n.uid, n.gid, n.atime_ns, n.mtime_ns, now, n.ino});
-      if (!u) return std::unexpected(u.error());
+      TRY(SaveAttrs(txn, n, now));
       TRY_ASSIGN(path, AnyPath(txn, n.ino));
-      if (!path.empty()) TRY(RecordChange(txn, path, caller_.session, now, impl_.Origin(caller_)));
+      if (!path.empty())
+        TRY(RecordChange(txn, path, caller_.session, now,
+                         impl_.Origin(caller_)));
       return {};
     });
   }
@@ -1417,6 +1430,26 @@ Status StoreBackend::Link(const Caller& c, const Path& from, const Path& to) {
   });
 }
 
+namespace {
+
+// EINVAL when directory `dir` is `ancestor` or lies below it.
+Status NotBelow(Txn& txn, int64_t dir, int64_t ancestor) {
+  int64_t cur = dir;
+  for (int depth = 0; cur != kRootIno && depth < 4096; ++depth) {
+    if (cur == ancestor) {
+      return Fail(EINVAL, "cannot move a directory into itself");
+    }
+    auto up =
+        txn.Query("SELECT parent FROM dentries WHERE ino = ? LIMIT 1", {cur});
+    if (!up) return std::unexpected(up.error());
+    if (up->empty()) break;
+    cur = AsInt((*up)[0][0]);
+  }
+  return {};
+}
+
+}  // namespace
+
 Status StoreBackend::Rename(const Caller& c, const Path& from, const Path& to,
                             unsigned flags) {
   TRY_ASSIGN(policy, impl_->PolicyOf(c));
@@ -1439,34 +1472,10 @@ Status StoreBackend::Rename(const Caller& c, const Path& from, const Path& to,
     TRY(Impl::NeedCreate(*policy, dst.path));
     if (src.node->ino == (dst.node ? dst.node->ino : -1)) return {};
     // A directory may not move below itself.
-    if (src.node->IsDir()) {
-      int64_t cur = dst.parent->ino;
-      for (int depth = 0; cur != kRootIno && depth < 4096; ++depth) {
-        if (cur == src.node->ino) {
-          return Fail(EINVAL, "cannot move a directory into itself");
-        }
-        auto up = txn.Query("SELECT parent FROM dentries WHERE ino = ? LIMIT 1",
-                            {cur});
-        if (!up) return std::unexpected(up.error());
-        if (up->empty()) break;
-        cur = AsInt((*up)[0][0]);
-      }
-    }
+    if (src.node->IsDir()) TRY(NotBelow(txn, dst.parent->ino, src.node->ino));
     if (flags & RENAME_EXCHANGE) {
       if (!dst.node) return Fail(ENOENT, "no such file or directory");
-      if (dst.node->IsDir()) {
-        int64_t cur = src.parent->ino;
-        for (int depth = 0; cur != kRootIno && depth < 4096; ++depth) {
-          if (cur == dst.node->ino) {
-            return Fail(EINVAL, "cannot move a directory into itself");
-          }
-          auto up = txn.Query(
-              "SELECT parent FROM dentries WHERE ino = ? LIMIT 1", {cur});
-          if (!up) return std::unexpected(up.error());
-          if (up->empty()) break;
-          cur = AsInt((*up)[0][0]);
-        }
-      }
+      if (dst.node->IsDir()) TRY(NotBelow(txn, src.parent->ino, dst.node->ino));
       auto a =
           txn.Exec("UPDATE dentries SET ino = ? WHERE parent = ? AND name = ?",
                    {dst.node->ino, src.parent->ino, src.name});
@@ -1563,19 +1572,10 @@ static Status ChangeAttrs(StoreBackend::Impl& impl, Engine& engine,
     if (change.uid && *change.uid != vfs::kKeepUid) n.uid = *change.uid;
     if (change.gid && *change.gid != vfs::kKeepGid) n.gid = *change.gid;
     if (change.times != nullptr) {
-      auto pick = [now](const struct timespec& t, int64_t old) {
-        if (t.tv_nsec == UTIME_OMIT) return old;
-        if (t.tv_nsec == UTIME_NOW) return now;
-        return int64_t{t.tv_sec} * 1'000'000'000 + t.tv_nsec;
-      };
-      n.atime_ns = pick(change.times[0], n.atime_ns);
-      n.mtime_ns = pick(change.times[1], n.mtime_ns);
+      n.atime_ns = PickTime(change.times[0], n.atime_ns, now);
+      n.mtime_ns = PickTime(change.times[1], n.mtime_ns, now);
     }
-    auto u = txn.Exec(
-        "UPDATE inodes SET mode = ?, uid = ?, gid = ?, atime_ns = ?, "
-        "mtime_ns = ?, ctime_ns = ? WHERE ino = ?",
-        {int64_t{n.mode}, n.uid, n.gid, n.atime_ns, n.mtime_ns, now, n.ino});
-    if (!u) return std::unexpected(u.error());
+    TRY(SaveAttrs(txn, n, now));
     ino = n.ino;
     return RecordChange(txn, w.path, c.session, now, impl.Origin(c));
   }));
@@ -1833,7 +1833,7 @@ Result<PurgeReport> StoreBackend::Purge(const Caller& c, const Path& path,
       if (!del) return std::unexpected(del.error());
       report.versions += *del;
       if (!keep && inode) {
-          auto names =
+        auto names =
             txn.Query("SELECT parent, name FROM dentries WHERE ino = ?", {ino});
         if (!names) return std::unexpected(names.error());
         for (const auto& r : *names) {
@@ -1869,7 +1869,8 @@ Result<PurgeReport> StoreBackend::Purge(const Caller& c, const Path& path,
       for (const auto& b : *blobs) {
         int64_t id = AsInt(b[0]);
         auto refs = txn.Query(
-            "UPDATE blobs SET refs = refs - 1 WHERE id = ? RETURNING refs, size",
+            "UPDATE blobs SET refs = refs - 1 WHERE id = ? RETURNING refs, "
+            "size",
             {id});
         if (!refs) return std::unexpected(refs.error());
         if (refs->empty() || AsInt((*refs)[0][0]) > 0) continue;
