@@ -3,6 +3,7 @@
 #include <CLI/CLI.hpp>
 
 #include "cli/admin_commands.h"
+#include "cli/exec_command.h"
 #include "cli/history_commands.h"
 #include "cli/mount_command.h"
 #include "cli/skills_commands.h"
@@ -17,6 +18,7 @@ int main(int argc, char** argv) {
   agentvfs::cli::AddMountCommand(app, &exit_code);
   agentvfs::cli::AddHistoryCommands(app, &exit_code);
   agentvfs::cli::AddSkillsCommands(app, &exit_code);
+  agentvfs::cli::AddExecCommands(app, &exit_code);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

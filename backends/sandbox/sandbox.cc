@@ -1,0 +1,1164 @@
+// Sandbox: the host side of a session's bubblewrap sandbox (see sandbox.h and
+// docs/sandbox.md). Lock order: run_mu_, then Instance::kill_mu_.
+#include "backends/sandbox/sandbox.h"
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <poll.h>
+#include <signal.h>
+#include <spdlog/spdlog.h>
+#include <sys/ioctl.h>
+#include <sys/mount.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
+#include <termios.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <fstream>
+#include <iomanip>
+#include <optional>
+#include <sstream>
+
+#include "backends/sandbox/protocol.h"
+#include "vfs/fuse/fuse_frontend.h"
+#include "vfs/path.h"
+
+#ifndef AGENTVFS_SANDBOX_INIT_BUILD_PATH
+#define AGENTVFS_SANDBOX_INIT_BUILD_PATH ""
+#endif
+
+namespace agentvfs::sandbox {
+
+using nlohmann::json;
+using vfs::Fail;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+std::shared_ptr<spdlog::logger> Log() {
+  static std::shared_ptr<spdlog::logger> logger = [] {
+    auto l = spdlog::get("sandbox");
+    if (!l) {
+      l = spdlog::default_logger()->clone("sandbox");
+      spdlog::register_logger(l);
+    }
+    return l;
+  }();
+  return logger;
+}
+
+// Files of /etc the sandbox sees (read-only, when the host has them):
+// what dynamic linking, locales, time zones, terminals and the usual
+// interpreters need, and nothing with secrets (no shadow, no ssl/private,
+// no ssh keys, no agentvfs configuration).
+const char* const kEtcAllowlist[] = {
+    "alternatives", "bash.bashrc",     "debian_version", "environment",
+    "inputrc",      "ld.so.cache",     "ld.so.conf",     "ld.so.conf.d",
+    "locale.alias", "localtime",       "mime.types",     "nsswitch.conf",
+    "os-release",   "profile",         "profile.d",      "protocols",
+    "python3",      "python3.11",      "services",       "shells",
+    "ssl/certs",    "ssl/openssl.cnf", "terminfo",       "timezone",
+    "magic",        "magic.mime",      "perl",           "gitconfig",
+};
+
+std::string ErrText(int err) { return std::strerror(err); }
+
+void CloseFd(int& fd) {
+  if (fd >= 0) close(fd);
+  fd = -1;
+}
+
+bool WriteFile(const std::string& path, const std::string& text) {
+  std::ofstream f(path, std::ios::trunc);
+  f << text;
+  return static_cast<bool>(f);
+}
+
+// Writes a decimal number without the C library's formatting (usable
+// between fork and exec).
+void WriteNumber(int fd, long value) {
+  char buf[24];
+  int i = sizeof(buf);
+  buf[--i] = '\n';
+  do {
+    buf[--i] = static_cast<char>('0' + value % 10);
+    value /= 10;
+  } while (value > 0);
+  ssize_t ignored = write(fd, buf + i, sizeof(buf) - i);
+  (void)ignored;
+}
+
+// Removes the tree under `dirfd` (then closes it) without following symlinks
+// and without entering other filesystems (a mount left under it stays).
+void RemoveTreeAt(int dir_fd, dev_t dev) {
+  DIR* d = fdopendir(dir_fd);
+  if (d == nullptr) {
+    close(dir_fd);
+    return;
+  }
+  std::vector<std::string> names;
+  while (dirent* e = readdir(d)) {
+    std::string n = e->d_name;
+    if (n != "." && n != "..") names.push_back(std::move(n));
+  }
+  int fd = dirfd(d);
+  for (const auto& n : names) {
+    struct stat st;
+    if (fstatat(fd, n.c_str(), &st, AT_SYMLINK_NOFOLLOW) != 0) continue;
+    if (S_ISDIR(st.st_mode)) {
+      if (st.st_dev != dev) continue;
+      int sub = openat(fd, n.c_str(),
+                       O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+      if (sub < 0 && errno == EACCES) {
+        fchmodat(fd, n.c_str(), 0700, 0);
+        sub = openat(fd, n.c_str(),
+                     O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+      }
+      if (sub >= 0) RemoveTreeAt(sub, dev);
+      unlinkat(fd, n.c_str(), AT_REMOVEDIR);
+    } else {
+      unlinkat(fd, n.c_str(), 0);
+    }
+  }
+  closedir(d);
+}
+
+void RemoveTree(const std::string& path) {
+  int fd = open(path.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+  if (fd < 0) return;
+  struct stat st;
+  if (fstat(fd, &st) != 0) {
+    close(fd);
+    return;
+  }
+  RemoveTreeAt(fd, st.st_dev);
+  rmdir(path.c_str());
+}
+
+// Unmounts a FUSE mount of this process (lazily: a process still inside it
+// does not keep it alive); as a non-root user through fusermount3.
+void UnmountLazily(const std::string& path) {
+  if (umount2(path.c_str(), MNT_DETACH) == 0 || errno == EINVAL ||
+      errno == ENOENT)
+    return;
+  pid_t pid = fork();
+  if (pid == 0) {
+    int null = open("/dev/null", O_RDWR);
+    dup2(null, 1);
+    dup2(null, 2);
+    execlp("fusermount3", "fusermount3", "-u", "-z", path.c_str(),
+           static_cast<char*>(nullptr));
+    _exit(127);
+  }
+  if (pid > 0) {
+    int status;
+    waitpid(pid, &status, 0);
+  }
+}
+
+std::string SignalName(int sig) {
+  const char* abbrev = sigabbrev_np(sig);
+  return abbrev ? std::string("SIG") + abbrev : "signal " + std::to_string(sig);
+}
+
+std::string HumanBytes(uint64_t n) {
+  const char* units[] = {"bytes", "KiB", "MiB", "GiB"};
+  double v = static_cast<double>(n);
+  int u = 0;
+  while (v >= 1024 && u < 3) {
+    v /= 1024;
+    ++u;
+  }
+  std::ostringstream s;
+  if (u == 0)
+    s << n << " bytes";
+  else
+    s << std::fixed << std::setprecision(1) << v << " " << units[u];
+  return s.str();
+}
+
+// Keeps the first half and the last half of `cap` bytes of a stream.
+class Capture {
+ public:
+  explicit Capture(uint64_t cap)
+      : head_cap_(cap == 0 ? UINT64_MAX : cap - cap / 2),
+        tail_cap_(cap == 0 ? 0 : cap / 2) {}
+  void Add(const char* data, size_t n) {
+    total_ += n;
+    size_t to_head = 0;
+    if (head_.size() < head_cap_)
+      to_head =
+          static_cast<size_t>(std::min<uint64_t>(n, head_cap_ - head_.size()));
+    head_.append(data, to_head);
+    data += to_head;
+    n -= to_head;
+    if (n == 0 || tail_cap_ == 0) return;
+    if (n >= tail_cap_) {
+      tail_.assign(data + n - tail_cap_, tail_cap_);
+      tail_start_ = 0;
+      return;
+    }
+    for (size_t i = 0; i < n; ++i) {
+      if (tail_.size() < tail_cap_) {
+        tail_.push_back(data[i]);
+      } else {
+        tail_[tail_start_] = data[i];
+        tail_start_ = (tail_start_ + 1) % tail_cap_;
+      }
+    }
+  }
+  Output Finish(const char* stream) const {
+    Output out;
+    out.total = total_;
+    std::string tail = tail_.substr(tail_start_) + tail_.substr(0, tail_start_);
+    uint64_t kept = head_.size() + tail.size();
+    out.cut = total_ - kept;
+    out.text = head_;
+    if (out.cut > 0) {
+      out.text += "\n[... " + std::to_string(out.cut) + " bytes (" +
+                  HumanBytes(out.cut) + ") of " + stream +
+                  " cut here; the command wrote " + std::to_string(total_) +
+                  " bytes in all ...]\n";
+    }
+    out.text += tail;
+    return out;
+  }
+
+ private:
+  uint64_t head_cap_, tail_cap_;
+  std::string head_, tail_;
+  size_t tail_start_ = 0;
+  uint64_t total_ = 0;
+};
+
+// ---------------------------------------------------------------------------
+// cgroups: when this process may make child cgroups with the pids (memory)
+// controller, each sandbox gets one, so the process limit counts every
+// process of the sandbox whatever its uid (RLIMIT_NPROC does not bind uid 0)
+// and the memory limit covers the sandbox as a whole.
+
+struct CgroupPlace {
+  std::string dir;  // our own cgroup's directory in that hierarchy
+  bool v2 = false;
+};
+
+std::optional<CgroupPlace> FindCgroup(const std::string& controller) {
+  std::ifstream mi("/proc/self/mountinfo");
+  std::string line;
+  std::string v1_mount, v2_mount;
+  while (std::getline(mi, line)) {
+    std::istringstream s(line);
+    std::vector<std::string> f;
+    std::string w;
+    while (s >> w) f.push_back(w);
+    auto dash = std::find(f.begin(), f.end(), "-");
+    if (dash == f.end() || dash + 3 > f.end() || f.size() < 5) continue;
+    const std::string& fstype = *(dash + 1);
+    const std::string& super = *(dash + 3);
+    if (fstype == "cgroup2" && v2_mount.empty()) v2_mount = f[4];
+    if (fstype == "cgroup") {
+      std::istringstream opts(super);
+      std::string o;
+      while (std::getline(opts, o, ','))
+        if (o == controller) v1_mount = f[4];
+    }
+  }
+  std::ifstream cg("/proc/self/cgroup");
+  std::string v1_path, v2_path;
+  while (std::getline(cg, line)) {
+    auto a = line.find(':');
+    auto b = line.find(':', a + 1);
+    if (a == std::string::npos || b == std::string::npos) continue;
+    std::string ctrls = line.substr(a + 1, b - a - 1);
+    std::string path = line.substr(b + 1);
+    if (ctrls.empty()) v2_path = path;
+    std::istringstream cs(ctrls);
+    std::string c;
+    while (std::getline(cs, c, ','))
+      if (c == controller) v1_path = path;
+  }
+  if (!v1_mount.empty() && !v1_path.empty()) {
+    return CgroupPlace{v1_mount + (v1_path == "/" ? "" : v1_path), false};
+  }
+  if (!v2_mount.empty() && !v2_path.empty()) {
+    std::string dir = v2_mount + (v2_path == "/" ? "" : v2_path);
+    std::ifstream sc(dir + "/cgroup.subtree_control");
+    std::string c;
+    while (sc >> c)
+      if (c == controller) return CgroupPlace{dir, true};
+  }
+  return std::nullopt;
+}
+
+}  // namespace
+
+vfs::Result<uint64_t> ParseSize(const std::string& text) {
+  size_t used = 0;
+  double v = 0;
+  try {
+    v = std::stod(text, &used);
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  uint64_t mult = 1;
+  std::string suffix = text.substr(used);
+  if (suffix == "K" || suffix == "k" || suffix == "KiB")
+    mult = 1ull << 10;
+  else if (suffix == "M" || suffix == "MiB")
+    mult = 1ull << 20;
+  else if (suffix == "G" || suffix == "GiB")
+    mult = 1ull << 30;
+  else if (suffix == "T" || suffix == "TiB")
+    mult = 1ull << 40;
+  else if (!suffix.empty() || used == 0)
+    mult = 0;
+  if (mult == 0 || !(v >= 0) || v * mult > 1.8e19)
+    return Fail(EINVAL, "'" + text +
+                            "' is not a size; give bytes or a number with "
+                            "K, M, G or T (powers of 1024), e.g. 512M");
+  return static_cast<uint64_t>(v * static_cast<double>(mult));
+}
+
+std::string CommandResult::Describe() const {
+  std::ostringstream s;
+  if (timed_out) {
+    s << "timed out after " << std::setprecision(3) << seconds
+      << " s; every process in the sandbox was killed";
+  } else if (signal != 0) {
+    s << "killed by " << SignalName(signal) << " (signal " << signal << ")";
+    if (signal == SIGXCPU) s << ": CPU time limit reached";
+    if (signal == SIGXFSZ) s << ": file size limit reached";
+  } else {
+    s << "exit " << exit_code;
+  }
+  return s.str();
+}
+
+// ---------------------------------------------------------------------------
+
+struct Sandbox::View {
+  std::unique_ptr<fuse::FuseServer> server;
+  std::thread runner;
+  std::atomic<bool> done{false};
+  std::string mountpoint;
+  ~View() {
+    if (server) UnmountLazily(mountpoint);
+    if (runner.joinable()) runner.join();
+    if (server) server->Unmount();
+  }
+};
+
+class Sandbox::Instance {
+ public:
+  ~Instance() { KillAndReap(); }
+
+  pid_t bwrap_pid = -1;
+  pid_t init_pid = 0;
+  int pidfd = -1;  // of the init: signals reach it, never a reused pid
+  int sock = -1;
+  std::string run_dir;  // tmp/, home/ of this sandbox
+  std::string pids_cgroup, memory_cgroup;
+  bool memory_v2 = false;
+  uint64_t pids_max = 0, memory_max = 0;  // as last written
+  bool dead = false;
+
+  void Kill() {
+    std::lock_guard lock(kill_mu_);
+    if (pidfd >= 0) syscall(SYS_pidfd_send_signal, pidfd, SIGKILL, nullptr, 0);
+    dead = true;
+  }
+
+  void KillAndReap() {
+    Kill();
+    if (bwrap_pid > 0) {
+      int status;
+      while (waitpid(bwrap_pid, &status, 0) < 0 && errno == EINTR) {
+      }
+      bwrap_pid = -1;
+    }
+    {
+      std::lock_guard lock(kill_mu_);
+      CloseFd(pidfd);
+    }
+    CloseFd(sock);
+    for (const auto& dir : {pids_cgroup, memory_cgroup}) {
+      if (dir.empty()) continue;
+      // Killed processes leave their cgroup a moment after the signal.
+      for (int i = 0; i < 200 && rmdir(dir.c_str()) != 0 && errno == EBUSY; ++i)
+        usleep(5000);
+    }
+    pids_cgroup.clear();
+    memory_cgroup.clear();
+    if (!run_dir.empty()) RemoveTree(run_dir);
+    run_dir.clear();
+  }
+
+  bool Alive() {
+    if (dead || bwrap_pid <= 0) return false;
+    int status;
+    if (waitpid(bwrap_pid, &status, WNOHANG) == bwrap_pid) {
+      bwrap_pid = -1;
+      dead = true;
+      return false;
+    }
+    pollfd p{sock, 0, 0};
+    if (poll(&p, 1, 0) > 0 && (p.revents & (POLLHUP | POLLERR))) {
+      dead = true;
+      return false;
+    }
+    return true;
+  }
+
+  void ApplyCgroupLimits(const Limits& l) {
+    if (!pids_cgroup.empty() && l.processes != pids_max) {
+      WriteFile(pids_cgroup + "/pids.max",
+                l.processes == 0 ? "max" : std::to_string(l.processes));
+      pids_max = l.processes;
+    }
+    if (!memory_cgroup.empty() && l.memory != memory_max) {
+      std::string file = memory_cgroup +
+                         (memory_v2 ? "/memory.max" : "/memory.limit_in_bytes");
+      WriteFile(file, l.memory == 0 ? (memory_v2 ? "max" : "-1")
+                                    : std::to_string(l.memory));
+      memory_max = l.memory;
+    }
+  }
+
+  uint64_t OomKills() const {
+    if (memory_cgroup.empty()) return 0;
+    std::ifstream f(memory_cgroup +
+                    (memory_v2 ? "/memory.events" : "/memory.oom_control"));
+    std::string key;
+    uint64_t value;
+    while (f >> key >> value)
+      if (key == "oom_kill") return value;
+    return 0;
+  }
+
+ private:
+  std::mutex kill_mu_;  // guards pidfd against a concurrent close
+};
+
+Sandbox::Sandbox(SandboxOptions options) : options_(std::move(options)) {}
+
+Sandbox::~Sandbox() { Close(); }
+
+namespace {
+
+std::string FindInit(const std::string& configured) {
+  std::vector<std::string> candidates;
+  if (!configured.empty()) return configured;
+  if (const char* env = std::getenv("AGENTVFS_SANDBOX_INIT"); env && *env)
+    return env;
+  char exe[PATH_MAX];
+  ssize_t n = readlink("/proc/self/exe", exe, sizeof(exe) - 1);
+  if (n > 0) {
+    exe[n] = '\0';
+    std::string dir = std::string(exe).substr(0, std::string(exe).rfind('/'));
+    candidates.push_back(dir + "/agentvfs-sandbox-init");
+    candidates.push_back(dir + "/../libexec/agentvfs/agentvfs-sandbox-init");
+  }
+  candidates.push_back(AGENTVFS_SANDBOX_INIT_BUILD_PATH);
+  for (const auto& c : candidates)
+    if (!c.empty() && access(c.c_str(), X_OK) == 0) return c;
+  return {};
+}
+
+}  // namespace
+
+vfs::Result<std::unique_ptr<Sandbox>> Sandbox::Create(SandboxOptions options) {
+  if (options.workspace.empty())
+    return Fail(EINVAL, "no workspace directory given");
+  char real[PATH_MAX];
+  if (realpath(options.workspace.c_str(), real) == nullptr)
+    return Fail(errno,
+                "workspace '" + options.workspace + "': " + ErrText(errno));
+  struct stat st;
+  if (stat(real, &st) != 0 || !S_ISDIR(st.st_mode))
+    return Fail(ENOTDIR,
+                "workspace '" + options.workspace + "' is not a directory");
+  options.workspace = real;
+  std::unique_ptr<Sandbox> sb(new Sandbox(std::move(options)));
+  sb->init_path_ = FindInit(sb->options_.init_path);
+  if (sb->init_path_.empty())
+    return Fail(ENOENT,
+                "agentvfs-sandbox-init not found next to the agentvfs binary; "
+                "build the project (scripts/build) or set "
+                "AGENTVFS_SANDBOX_INIT to its path");
+  std::string state = sb->options_.state_dir;
+  for (const char* var : {"XDG_RUNTIME_DIR", "TMPDIR"}) {
+    if (!state.empty()) break;
+    if (const char* v = std::getenv(var); v && *v && access(v, W_OK) == 0)
+      state = v;
+  }
+  if (state.empty()) state = "/tmp";
+  std::string templ = state + "/agentvfs-sandbox-XXXXXX";
+  if (mkdtemp(templ.data()) == nullptr)
+    return Fail(errno, "cannot make a session directory in " + state + ": " +
+                           ErrText(errno));
+  sb->dir_ = templ;
+  chmod(sb->dir_.c_str(), 0700);
+  const auto& o = sb->options_;
+  std::string passwd = "root:x:0:0:root:/root:/usr/sbin/nologin\n";
+  std::string group = "root:x:0:\n";
+  if (o.uid != 0)
+    passwd += o.user_name + ":x:" + std::to_string(o.uid) + ":" +
+              std::to_string(o.gid) + ":agentvfs sandbox:/home/" + o.user_name +
+              ":/bin/bash\n";
+  if (o.gid != 0) group += o.user_name + ":x:" + std::to_string(o.gid) + ":\n";
+  passwd += "nobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin\n";
+  group += "nogroup:x:65534:\n";
+  if (mkdir((sb->dir_ + "/etc").c_str(), 0755) != 0 ||
+      !WriteFile(sb->dir_ + "/etc/passwd", passwd) ||
+      !WriteFile(sb->dir_ + "/etc/group", group) ||
+      !WriteFile(sb->dir_ + "/etc/hosts",
+                 "127.0.0.1\tlocalhost " + o.hostname +
+                     "\n::1\tlocalhost ip6-localhost ip6-loopback\n") ||
+      !WriteFile(sb->dir_ + "/etc/hostname", o.hostname + "\n")) {
+    int err = errno;
+    RemoveTree(sb->dir_);
+    return Fail(err, "cannot write the sandbox's /etc files");
+  }
+  if (sb->options_.view != nullptr) {
+    if (auto ok = sb->MountView(); !ok) {
+      RemoveTree(sb->dir_);
+      return std::unexpected(ok.error());
+    }
+  }
+  return sb;
+}
+
+vfs::Status Sandbox::MountView() {
+  view_.reset();
+  auto v = std::make_unique<View>();
+  v->mountpoint = dir_ + "/view";
+  mkdir(v->mountpoint.c_str(), 0700);
+  fuse::FuseOptions fo;
+  fo.mountpoint = v->mountpoint;
+  fo.identity = options_.identity;
+  fo.fsname = "agentvfs-sandbox";
+  auto server = fuse::FuseServer::Mount(*options_.view, fo);
+  if (!server)
+    return Fail(server.error().code,
+                "cannot mount the session's view: " + server.error().message);
+  v->server = std::move(*server);
+  View* raw = v.get();
+  v->runner = std::thread([raw] {
+    if (auto ran = raw->server->Run(); !ran)
+      Log()->warn("sandbox view stopped: {}", ran.error().message);
+    raw->done = true;
+  });
+  view_ = std::move(v);
+  return {};
+}
+
+vfs::Status Sandbox::Start() {
+  std::lock_guard lock(run_mu_);
+  bool fresh;
+  return EnsureRunning(&fresh);
+}
+
+vfs::Status Sandbox::EnsureRunning(bool* fresh) {
+  *fresh = false;
+  if (closed_) return Fail(EINVAL, "the sandbox session has ended");
+  if (options_.view != nullptr) {
+    struct stat st;
+    bool healthy = view_ && !view_->done &&
+                   stat(view_->mountpoint.c_str(), &st) == 0 &&
+                   fuse::IsMountPoint(view_->mountpoint);
+    if (!healthy) {
+      Log()->info("the session's view is gone; mounting a fresh one");
+      DropInstance();
+      if (auto ok = MountView(); !ok) return ok;
+    }
+  }
+  if (instance_ && instance_->Alive()) return {};
+  if (instance_) {
+    Log()->info("the sandbox died; starting a fresh one");
+    DropInstance();
+  }
+  *fresh = true;
+  auto inst = std::make_unique<Instance>();
+  unsigned gen = ++generation_;
+  inst->run_dir = dir_ + "/run-" + std::to_string(gen);
+  std::string home = "/home/" + options_.user_name;
+  for (const char* sub : {"", "/tmp", "/home"}) {
+    if (mkdir((inst->run_dir + sub).c_str(), 0700) != 0)
+      return Fail(errno, "cannot make " + inst->run_dir + sub);
+  }
+  // The sandbox's uid (ours, seen through its user namespace) owns them.
+  chmod((inst->run_dir + "/tmp").c_str(), 01777);
+
+  // cgroups for the process count and the memory of the whole sandbox.
+  std::string cg_name = "agentvfs-sandbox-" + std::to_string(getpid()) + "-" +
+                        std::to_string(gen);
+  if (auto place = FindCgroup("pids")) {
+    std::string d = place->dir + "/" + cg_name;
+    if (mkdir(d.c_str(), 0755) == 0) inst->pids_cgroup = d;
+  }
+  if (auto place = FindCgroup("memory")) {
+    std::string d = place->dir + "/" + cg_name;
+    if (mkdir(d.c_str(), 0755) == 0) {
+      inst->memory_cgroup = d;
+      inst->memory_v2 = place->v2;
+    }
+  }
+  inst->ApplyCgroupLimits(options_.limits);
+
+  int sp[2];
+  if (socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sp) != 0)
+    return Fail(errno, "socketpair: " + ErrText(errno));
+  int bufsize = static_cast<int>(kMaxPacket + 4096);
+  for (int fd : sp) {
+    setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &bufsize, sizeof(bufsize));
+    setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &bufsize, sizeof(bufsize));
+  }
+  int info[2];
+  if (pipe2(info, O_CLOEXEC) != 0) {
+    close(sp[0]);
+    close(sp[1]);
+    return Fail(errno, "pipe: " + ErrText(errno));
+  }
+  inst->sock = sp[0];
+
+  // bwrap's arguments, all prepared before fork.
+  std::vector<std::string> a = {options_.bwrap,
+                                "--unshare-user",
+                                "--uid",
+                                std::to_string(options_.uid),
+                                "--gid",
+                                std::to_string(options_.gid),
+                                "--disable-userns",
+                                "--unshare-pid",
+                                "--unshare-net",
+                                "--unshare-ipc",
+                                "--unshare-uts",
+                                "--unshare-cgroup-try",
+                                "--hostname",
+                                options_.hostname,
+                                "--die-with-parent",
+                                "--new-session",
+                                "--as-pid-1",
+                                "--cap-drop",
+                                "ALL",
+                                "--ro-bind",
+                                "/usr",
+                                "/usr"};
+  for (const char* top :
+       {"/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32"}) {
+    char target[PATH_MAX];
+    ssize_t n = readlink(top, target, sizeof(target) - 1);
+    struct stat st;
+    if (n > 0) {
+      target[n] = '\0';
+      a.insert(a.end(), {"--symlink", target, top});
+    } else if (lstat(top, &st) == 0 && S_ISDIR(st.st_mode)) {
+      a.insert(a.end(), {"--ro-bind", top, top});
+    }
+  }
+  for (const char* name : kEtcAllowlist) {
+    std::string p = std::string("/etc/") + name;
+    if (access(p.c_str(), F_OK) == 0) a.insert(a.end(), {"--ro-bind", p, p});
+  }
+  for (const char* name : {"passwd", "group", "hosts", "hostname"}) {
+    a.insert(a.end(),
+             {"--ro-bind", dir_ + "/etc/" + name, std::string("/etc/") + name});
+  }
+  for (const auto& p : options_.extra_ro_binds)
+    a.insert(a.end(), {"--ro-bind", p, p});
+  a.insert(a.end(), {"--proc", "/proc", "--dev", "/dev", "--bind",
+                     inst->run_dir + "/tmp", "/tmp", "--bind",
+                     inst->run_dir + "/home", home, "--symlink", "/tmp",
+                     "/var/tmp", "--bind", options_.workspace, "/workspace"});
+  if (view_) {
+    a.insert(a.end(), {"--bind", view_->mountpoint + "/memories", "/memories",
+                       "--bind", view_->mountpoint + "/skills", "/skills"});
+  } else {
+    a.insert(a.end(), {"--dir", "/memories", "--dir", "/skills"});
+  }
+  a.insert(a.end(),
+           {"--ro-bind", init_path_, "/.agentvfs-init", "--remount-ro", "/",
+            "--chdir", "/", "--info-fd", "4", "--", "/.agentvfs-init", "3"});
+  std::vector<char*> argv;
+  for (auto& s : a) argv.push_back(s.data());
+  argv.push_back(nullptr);
+  char env_path[] = "PATH=/usr/bin:/bin";
+  char* envp[] = {env_path, nullptr};
+  std::string log = inst->run_dir + "/bwrap.log";
+  std::string pids_procs =
+      inst->pids_cgroup.empty() ? "" : inst->pids_cgroup + "/cgroup.procs";
+  std::string mem_procs =
+      inst->memory_cgroup.empty() ? "" : inst->memory_cgroup + "/cgroup.procs";
+  int log_fd =
+      open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+  int null_fd = open("/dev/null", O_RDWR | O_CLOEXEC);
+
+  pid_t pid = fork();
+  if (pid < 0) {
+    int err = errno;
+    close(sp[1]);
+    close(info[0]);
+    close(info[1]);
+    CloseFd(log_fd);
+    CloseFd(null_fd);
+    inst->KillAndReap();
+    return Fail(err, "fork: " + ErrText(err));
+  }
+  if (pid == 0) {
+    // Only async-signal-safe calls from here to exec.
+    setsid();
+    for (const std::string* procs : {&pids_procs, &mem_procs}) {
+      if (procs->empty()) continue;
+      int fd = open(procs->c_str(), O_WRONLY | O_CLOEXEC);
+      if (fd >= 0) {
+        WriteNumber(fd, getpid());
+        close(fd);
+      }
+    }
+    sigset_t none;
+    sigemptyset(&none);
+    sigprocmask(SIG_SETMASK, &none, nullptr);
+    dup2(null_fd, 0);
+    dup2(null_fd, 1);
+    dup2(log_fd >= 0 ? log_fd : null_fd, 2);
+    // fds 3 and 4: the control socket and bwrap's info pipe; every other
+    // descriptor of this process (the store's database among them) closes.
+    int sock_fd = fcntl(sp[1], F_DUPFD_CLOEXEC, 10);
+    int info_fd = fcntl(info[1], F_DUPFD_CLOEXEC, 10);
+    dup2(sock_fd, 3);
+    dup2(info_fd, 4);
+    syscall(SYS_close_range, 5, ~0U, 0);
+    execve(argv[0][0] == '/' ? argv[0] : "/usr/bin/bwrap", argv.data(), envp);
+    if (argv[0][0] != '/') {
+      // Not found where Debian puts it: search PATH ourselves.
+      execvpe(argv[0], argv.data(), envp);
+    }
+    _exit(127);
+  }
+  inst->bwrap_pid = pid;
+  close(sp[1]);
+  close(info[1]);
+  CloseFd(log_fd);
+  CloseFd(null_fd);
+
+  auto startup_error = [&](const std::string& what) {
+    std::ifstream lf(log);
+    std::string text((std::istreambuf_iterator<char>(lf)),
+                     std::istreambuf_iterator<char>());
+    while (!text.empty() && text.back() == '\n') text.pop_back();
+    close(info[0]);
+    inst->KillAndReap();
+    std::string hint;
+    if (access("/usr/bin/bwrap", X_OK) != 0 && options_.bwrap == "bwrap")
+      hint =
+          "; bubblewrap is not installed: run scripts/install-deps "
+          "(Debian package bubblewrap)";
+    return Fail(EIO, "cannot start the sandbox: " + what +
+                         (text.empty() ? "" : ": " + text) + hint);
+  };
+
+  // bwrap reports the sandbox's first process once it has set it up.
+  std::string info_text;
+  json info_json;
+  auto deadline = Clock::now() + std::chrono::seconds(20);
+  while (true) {
+    auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+                    deadline - Clock::now())
+                    .count();
+    if (left <= 0) return startup_error("bwrap did not report in 20 s");
+    pollfd p{info[0], POLLIN, 0};
+    if (poll(&p, 1, static_cast<int>(left)) < 0 && errno != EINTR)
+      return startup_error("poll");
+    char buf[512];
+    ssize_t n = read(info[0], buf, sizeof(buf));
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return startup_error("bwrap exited");
+    info_text.append(buf, static_cast<size_t>(n));
+    info_json = json::parse(info_text, nullptr, false);
+    if (info_json.is_object() && info_json.contains("child-pid")) break;
+  }
+  close(info[0]);
+  inst->init_pid = info_json["child-pid"].get<pid_t>();
+  inst->pidfd = static_cast<int>(syscall(SYS_pidfd_open, inst->init_pid, 0));
+  if (inst->pidfd < 0) return startup_error("pidfd_open: " + ErrText(errno));
+  // Then the init says it is ready.
+  pollfd p{inst->sock, POLLIN, 0};
+  if (poll(&p, 1, 20000) <= 0) return startup_error("the init did not start");
+  json ready;
+  std::vector<int> fds;
+  int err = RecvPacket(inst->sock, &ready, &fds);
+  for (int fd : fds) close(fd);
+  if (err != 0 || ready.value("op", "") != "ready")
+    return startup_error("the init did not start (" + ErrText(err) + ")");
+  Log()->debug("sandbox {} started: init pid {}", gen, inst->init_pid);
+  std::lock_guard ilock(instance_mu_);
+  instance_ = std::move(inst);
+  return {};
+}
+
+namespace {
+
+vfs::Result<std::string> InsideDir(const std::string& cwd) {
+  if (cwd.empty()) return std::string("/workspace");
+  auto p = vfs::Path::Parse(cwd);
+  if (!p)
+    return Fail(EINVAL,
+                "working directory '" + cwd + "': " + p.error().message);
+  for (const char* root : {"/workspace", "/memories", "/skills"}) {
+    if (p->HasPrefix(*vfs::Path::Parse(root))) return p->str();
+  }
+  return Fail(EINVAL, "working directory '" + cwd +
+                          "' is outside the view; use /workspace, /memories, "
+                          "/skills or a directory below them");
+}
+
+}  // namespace
+
+vfs::Result<CommandResult> Sandbox::Run(const Command& cmd) {
+  std::lock_guard lock(run_mu_);
+  return RunLocked(cmd, -1, -1, -1, false);
+}
+
+vfs::Result<CommandResult> Sandbox::RunTerminal(const Command& cmd, int in_fd,
+                                                int out_fd, int winch_fd) {
+  std::lock_guard lock(run_mu_);
+  return RunLocked(cmd, in_fd, out_fd, winch_fd, true);
+}
+
+vfs::Result<CommandResult> Sandbox::RunLocked(const Command& cmd, int in_fd,
+                                              int out_fd, int winch_fd,
+                                              bool tty) {
+  if (cmd.argv.empty() || cmd.argv[0].empty())
+    return Fail(EINVAL, "no command given");
+  auto cwd = InsideDir(cmd.cwd);
+  if (!cwd) return std::unexpected(cwd.error());
+  const Limits limits = cmd.limits.value_or(options_.limits);
+  std::string home = "/home/" + options_.user_name;
+  std::map<std::string, std::string> env = {
+      {"PATH", "/usr/local/bin:/usr/bin:/bin:/usr/local/sbin:/usr/sbin:/sbin"},
+      {"HOME", home},
+      {"USER", options_.user_name},
+      {"LOGNAME", options_.user_name},
+      {"SHELL", "/bin/bash"},
+      {"LANG", "C.UTF-8"},
+      {"TMPDIR", "/tmp"},
+      {"PWD", *cwd},
+      {"TERM", tty ? "xterm-256color" : "dumb"},
+      // Byte code of /skills scripts goes to /tmp, not into the store.
+      {"PYTHONPYCACHEPREFIX", "/tmp/.pycache"},
+  };
+  for (const auto& [k, v] : cmd.env) {
+    if (k.empty() || k.find('=') != std::string::npos ||
+        k.find('\0') != std::string::npos || v.find('\0') != std::string::npos)
+      return Fail(EINVAL, "environment variable name '" + k + "' is not valid");
+    env[k] = v;
+  }
+  std::vector<std::string> env_list;
+  for (const auto& [k, v] : env) env_list.push_back(k + "=" + v);
+  for (const auto& arg : cmd.argv)
+    if (arg.find('\0') != std::string::npos)
+      return Fail(EINVAL, "a command argument contains a NUL byte");
+
+  bool fresh = false;
+  if (auto ok = EnsureRunning(&fresh); !ok) return std::unexpected(ok.error());
+  Instance& inst = *instance_;
+  inst.ApplyCgroupLimits(limits);
+  uint64_t oom_before = inst.OomKills();
+
+  json limits_json = {{"cpu_s", limits.cpu_s},
+                      {"memory", limits.memory},
+                      {"file_size", limits.file_size},
+                      {"open_files", limits.open_files}};
+  // Without a pids cgroup the process limit falls back to RLIMIT_NPROC,
+  // which counts the uid's processes (and does not bind uid 0).
+  if (inst.pids_cgroup.empty()) limits_json["processes"] = limits.processes;
+  uint64_t id = next_id_++;
+  json req = {{"op", "exec"},         {"id", id},    {"argv", cmd.argv},
+              {"env", env_list},      {"cwd", *cwd}, {"tty", tty},
+              {"limits", limits_json}};
+  if (tty && in_fd >= 0) {
+    winsize ws{};
+    if (ioctl(in_fd, TIOCGWINSZ, &ws) == 0 && ws.ws_row > 0) {
+      req["rows"] = ws.ws_row;
+      req["cols"] = ws.ws_col;
+    }
+  }
+
+  // Pipes: the command's ends go to the init; ours stay here.
+  int out_p[2] = {-1, -1}, err_p[2] = {-1, -1}, in_p[2] = {-1, -1};
+  auto close_all = [&] {
+    for (int* p : {out_p, err_p, in_p}) {
+      CloseFd(p[0]);
+      CloseFd(p[1]);
+    }
+  };
+  std::vector<int> send_fds;
+  if (!tty) {
+    if (pipe2(out_p, O_CLOEXEC) != 0 || pipe2(err_p, O_CLOEXEC) != 0) {
+      close_all();
+      return Fail(errno, "pipe: " + ErrText(errno));
+    }
+    if (!cmd.stdin_data.empty()) {
+      if (pipe2(in_p, O_CLOEXEC) != 0) {
+        close_all();
+        return Fail(errno, "pipe: " + ErrText(errno));
+      }
+    } else {
+      in_p[0] = open("/dev/null", O_RDONLY | O_CLOEXEC);
+    }
+    send_fds = {in_p[0], out_p[1], err_p[1]};
+  }
+  auto start = Clock::now();
+  int serr = SendPacket(inst.sock, req, send_fds);
+  CloseFd(in_p[0]);
+  CloseFd(out_p[1]);
+  CloseFd(err_p[1]);
+  if (serr == EMSGSIZE) {
+    close_all();
+    return Fail(EMSGSIZE,
+                "the command line is over 512 KiB; write it to a script in "
+                "/workspace and run that");
+  }
+  if (serr != 0) {
+    close_all();
+    inst.Kill();
+    return Fail(EIO, "the sandbox did not take the command (" + ErrText(serr) +
+                         "); the next command starts a "
+                         "fresh sandbox");
+  }
+  for (int fd : {out_p[0], err_p[0], in_p[1]})
+    if (fd >= 0) fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK);
+
+  Capture out(limits.output_cap), err(limits.output_cap);
+  CommandResult result;
+  result.fresh_sandbox = fresh;
+  size_t stdin_off = 0;
+  int master = -1;
+  bool started = false, exited = false, sandbox_died = false;
+  int status = 0;
+  std::optional<vfs::Error> start_error;
+  std::optional<Clock::time_point> deadline;
+  if (limits.timeout_s > 0)
+    deadline = start + std::chrono::microseconds(
+                           static_cast<int64_t>(limits.timeout_s * 1e6));
+  char buf[65536];
+
+  auto drain = [&](int& fd, Capture& cap) {
+    while (fd >= 0) {
+      ssize_t n = read(fd, buf, sizeof(buf));
+      if (n > 0) {
+        cap.Add(buf, static_cast<size_t>(n));
+        continue;
+      }
+      if (n < 0 && errno == EINTR) continue;
+      if (n == 0 || errno != EAGAIN) CloseFd(fd);
+      return;
+    }
+  };
+
+  while (!exited && !sandbox_died && !start_error) {
+    std::vector<pollfd> p;
+    p.push_back({inst.sock, POLLIN, 0});
+    int i_out = -1, i_err = -1, i_in = -1, i_master = -1, i_tin = -1,
+        i_winch = -1;
+    if (out_p[0] >= 0)
+      i_out = static_cast<int>(p.size()), p.push_back({out_p[0], POLLIN, 0});
+    if (err_p[0] >= 0)
+      i_err = static_cast<int>(p.size()), p.push_back({err_p[0], POLLIN, 0});
+    if (in_p[1] >= 0)
+      i_in = static_cast<int>(p.size()), p.push_back({in_p[1], POLLOUT, 0});
+    if (master >= 0) {
+      i_master = static_cast<int>(p.size());
+      p.push_back({master, POLLIN, 0});
+      if (in_fd >= 0)
+        i_tin = static_cast<int>(p.size()), p.push_back({in_fd, POLLIN, 0});
+      if (winch_fd >= 0)
+        i_winch = static_cast<int>(p.size()),
+        p.push_back({winch_fd, POLLIN, 0});
+    }
+    int timeout_ms = -1;
+    if (deadline) {
+      auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+                      *deadline - Clock::now())
+                      .count();
+      timeout_ms = static_cast<int>(std::max<int64_t>(0, left + 1));
+    }
+    int r = poll(p.data(), p.size(), timeout_ms);
+    if (r < 0) {
+      if (errno == EINTR) continue;
+      break;
+    }
+    if (deadline && Clock::now() >= *deadline) {
+      result.timed_out = true;
+      break;
+    }
+    if (p[0].revents) {
+      json msg;
+      std::vector<int> fds;
+      int e = RecvPacket(inst.sock, &msg, &fds);
+      if (e == EAGAIN || e == EINTR) continue;
+      if (e != 0) {
+        for (int fd : fds) close(fd);
+        sandbox_died = true;
+        break;
+      }
+      std::string op = msg.value("op", "");
+      if (msg.value("id", uint64_t{0}) != id) {
+        for (int fd : fds) close(fd);
+        continue;
+      }
+      if (op == "started") {
+        started = true;
+        if (tty && !fds.empty()) {
+          master = fds[0];
+          fds.erase(fds.begin());
+        }
+      } else if (op == "failed") {
+        start_error = vfs::Error{msg.value("errno", EIO),
+                                 msg.value("message", "cannot start")};
+      } else if (op == "exited") {
+        status = msg.value("status", 0);
+        exited = true;
+      }
+      for (int fd : fds) close(fd);
+    }
+    if (i_out >= 0 && p[i_out].revents) drain(out_p[0], out);
+    if (i_err >= 0 && p[i_err].revents) drain(err_p[0], err);
+    if (i_in >= 0 && p[i_in].revents) {
+      if (p[i_in].revents & (POLLERR | POLLHUP)) {
+        CloseFd(in_p[1]);
+      } else {
+        ssize_t n = write(in_p[1], cmd.stdin_data.data() + stdin_off,
+                          cmd.stdin_data.size() - stdin_off);
+        if (n > 0) stdin_off += static_cast<size_t>(n);
+        if ((n < 0 && errno != EAGAIN && errno != EINTR) ||
+            stdin_off == cmd.stdin_data.size())
+          CloseFd(in_p[1]);
+      }
+    }
+    if (i_master >= 0 && p[i_master].revents) {
+      ssize_t n = read(master, buf, sizeof(buf));
+      if (n > 0 && out_fd >= 0) {
+        ssize_t ignored = write(out_fd, buf, static_cast<size_t>(n));
+        (void)ignored;
+      } else if (n <= 0 && errno != EINTR && errno != EAGAIN) {
+        // EIO once the terminal's last process closed it.
+      }
+    }
+    if (i_tin >= 0 && p[i_tin].revents) {
+      ssize_t n = read(in_fd, buf, sizeof(buf));
+      if (n > 0) {
+        ssize_t ignored = write(master, buf, static_cast<size_t>(n));
+        (void)ignored;
+      } else if (n == 0 || (errno != EINTR && errno != EAGAIN)) {
+        in_fd = -1;  // the person's side closed: stop reading it
+      }
+    }
+    if (i_winch >= 0 && p[i_winch].revents) {
+      char b[64];
+      ssize_t ignored = read(winch_fd, b, sizeof(b));
+      (void)ignored;
+      winsize ws{};
+      if (ioctl(in_fd, TIOCGWINSZ, &ws) == 0) ioctl(master, TIOCSWINSZ, &ws);
+    }
+  }
+  auto end = Clock::now();
+  result.seconds = std::chrono::duration<double>(end - start).count();
+  if (start_error) {
+    close_all();
+    CloseFd(master);
+    return std::unexpected(*start_error);
+  }
+  if (result.timed_out || sandbox_died) {
+    // Every process of the sandbox goes: the pid namespace ends with its
+    // init. What they wrote so far is kept.
+    DropInstance();
+    result.signal = SIGKILL;
+    drain(out_p[0], out);
+    drain(err_p[0], err);
+    if (sandbox_died && !result.timed_out) {
+      std::string note =
+          "\n[the sandbox was killed; the next command starts a fresh one]\n";
+      err.Add(note.data(), note.size());
+    }
+  } else {
+    // What the command wrote before it exited is in the pipes; processes it
+    // left in the background may go on writing, unheard.
+    drain(out_p[0], out);
+    drain(err_p[0], err);
+    if (master >= 0) {
+      fcntl(master, F_SETFL, fcntl(master, F_GETFL) | O_NONBLOCK);
+      ssize_t n;
+      while ((n = read(master, buf, sizeof(buf))) > 0 && out_fd >= 0) {
+        ssize_t ignored = write(out_fd, buf, static_cast<size_t>(n));
+        (void)ignored;
+      }
+    }
+    if (WIFEXITED(status)) result.exit_code = WEXITSTATUS(status);
+    if (WIFSIGNALED(status)) result.signal = WTERMSIG(status);
+    if (instance_->OomKills() > oom_before) {
+      std::string note =
+          "\n[memory limit reached: the kernel killed a process of the "
+          "sandbox]\n";
+      err.Add(note.data(), note.size());
+    }
+  }
+  (void)started;
+  close_all();
+  CloseFd(master);
+  result.out = out.Finish("stdout");
+  result.err = err.Finish("stderr");
+  return result;
+}
+
+void Sandbox::DropInstance() {
+  std::unique_ptr<Instance> old;
+  {
+    std::lock_guard lock(instance_mu_);
+    old = std::move(instance_);
+  }
+  if (old) old->KillAndReap();
+}
+
+void Sandbox::Kill() {
+  // Safe while Run() waits: it sees the control socket close, reports the
+  // command as killed and reaps the sandbox.
+  std::lock_guard lock(instance_mu_);
+  if (instance_) instance_->Kill();
+}
+
+void Sandbox::Close() {
+  Kill();
+  std::lock_guard lock(run_mu_);
+  if (closed_) return;
+  closed_ = true;
+  DropInstance();
+  view_.reset();
+  if (!dir_.empty()) RemoveTree(dir_);
+}
+
+pid_t Sandbox::init_pid() const {
+  std::lock_guard lock(instance_mu_);
+  return instance_ ? instance_->init_pid : 0;
+}
+
+bool Sandbox::has_pids_cgroup() const {
+  std::lock_guard lock(instance_mu_);
+  return instance_ && !instance_->pids_cgroup.empty();
+}
+
+bool Sandbox::has_memory_cgroup() const {
+  std::lock_guard lock(instance_mu_);
+  return instance_ && !instance_->memory_cgroup.empty();
+}
+
+}  // namespace agentvfs::sandbox

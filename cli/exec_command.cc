@@ -1,0 +1,265 @@
+// `agentvfs exec [options] -- CMD ARGS...` runs one command in a fresh
+// session's sandbox and passes on its output and exit status;
+// `agentvfs shell` opens an interactive shell there for a person. Both serve
+// /memories and /skills as the user whose token is given (when a store is
+// named) and bind --workspace at /workspace.
+#include "cli/exec_command.h"
+
+#include <signal.h>
+#include <sys/signalfd.h>
+#include <termios.h>
+#include <unistd.h>
+
+#include <iostream>
+#include <memory>
+#include <thread>
+
+#include "backends/sandbox/sandbox.h"
+#include "cli/store_access.h"
+#include "router/router.h"
+
+namespace agentvfs::cli {
+namespace {
+
+struct ExecArgs {
+  std::string workspace;
+  StoreFlags store;
+  bool no_store = false;
+  std::string cwd;
+  std::vector<std::string> env;
+  double timeout = -1;
+  double cpu = -1;
+  std::string memory, file_size, output_cap;
+  long processes = -1;
+  bool pass_stdin = false;
+  std::vector<std::string> command;
+};
+
+vfs::Result<sandbox::Limits> LimitsFrom(const ExecArgs& a, bool interactive) {
+  sandbox::Limits l;
+  if (interactive) l.timeout_s = 0;  // a person's shell has no wall clock
+  l.output_cap = 16ull << 20;        // a person reads it; keep more
+  if (a.timeout >= 0) l.timeout_s = a.timeout;
+  if (a.cpu >= 0) l.cpu_s = static_cast<uint64_t>(a.cpu);
+  if (a.processes >= 0) l.processes = static_cast<uint64_t>(a.processes);
+  for (auto [text, field] :
+       {std::pair{&a.memory, &l.memory}, std::pair{&a.file_size, &l.file_size},
+        std::pair{&a.output_cap, &l.output_cap}}) {
+    if (text->empty()) continue;
+    auto v = sandbox::ParseSize(*text);
+    if (!v) return std::unexpected(v.error());
+    *field = *v;
+  }
+  return l;
+}
+
+// Blocks the signals a session must survive long enough to clean up; a
+// thread waits for them and kills the sandbox, so the command returns and
+// the session ends with nothing left behind.
+class SignalGuard {
+ public:
+  explicit SignalGuard(sandbox::Sandbox** target) {
+    sigset_t set;
+    sigemptyset(&set);
+    for (int s : {SIGINT, SIGTERM, SIGHUP, SIGWINCH, SIGUSR2})
+      sigaddset(&set, s);
+    pthread_sigmask(SIG_BLOCK, &set, &old_);
+    sigset_t winch;
+    sigemptyset(&winch);
+    sigaddset(&winch, SIGWINCH);
+    winch_fd_ = signalfd(-1, &winch, SFD_CLOEXEC | SFD_NONBLOCK);
+    thread_ = std::thread([this, target] {
+      sigset_t wait;
+      sigemptyset(&wait);
+      for (int s : {SIGINT, SIGTERM, SIGHUP, SIGUSR2}) sigaddset(&wait, s);
+      int sig = 0;
+      while (sigwait(&wait, &sig) == 0) {
+        if (sig == SIGUSR2 && stopping_) return;
+        got_ = sig;
+        if (*target) (*target)->Kill();
+      }
+    });
+  }
+  ~SignalGuard() {
+    stopping_ = true;
+    pthread_kill(thread_.native_handle(), SIGUSR2);
+    thread_.join();
+    if (winch_fd_ >= 0) close(winch_fd_);
+    pthread_sigmask(SIG_SETMASK, &old_, nullptr);
+  }
+  int winch_fd() const { return winch_fd_; }
+  int signal() const { return got_; }
+
+ private:
+  sigset_t old_;
+  int winch_fd_ = -1;
+  std::atomic<bool> stopping_{false};
+  std::atomic<int> got_{0};
+  std::thread thread_;
+};
+
+int RunInSandbox(const ExecArgs& a, bool interactive) {
+  const char* cmd_name = interactive ? "shell" : "exec";
+  auto limits = LimitsFrom(a, interactive);
+  if (!limits) return Report(cmd_name, limits.error());
+  sandbox::Command command;
+  command.argv = a.command;
+  if (interactive && command.argv.empty()) command.argv = {"/bin/bash", "-l"};
+  if (command.argv.empty())
+    return Report(cmd_name,
+                  vfs::Error{EINVAL,
+                             "no command given; write it after --, "
+                             "e.g. agentvfs exec --workspace ws -- ls"});
+  command.cwd = a.cwd;
+  command.limits = *limits;
+  for (const auto& kv : a.env) {
+    auto eq = kv.find('=');
+    if (eq == std::string::npos || eq == 0)
+      return Report(
+          cmd_name,
+          vfs::Error{EINVAL, "--env takes NAME=VALUE, not '" + kv + "'"});
+    command.env[kv.substr(0, eq)] = kv.substr(eq + 1);
+  }
+  if (interactive) {
+    if (!isatty(0))
+      return Report(cmd_name,
+                    vfs::Error{EINVAL,
+                               "agentvfs shell needs a terminal; use "
+                               "`agentvfs exec -- CMD` from scripts"});
+    if (const char* term = std::getenv("TERM")) command.env["TERM"] = term;
+  }
+  if (a.pass_stdin && !interactive) {
+    command.stdin_data.assign(std::istreambuf_iterator<char>(std::cin),
+                              std::istreambuf_iterator<char>());
+  }
+
+  sandbox::SandboxOptions options;
+  options.workspace = a.workspace;
+  options.limits = *limits;
+  auto view = std::make_unique<router::Router>();
+  bool with_store = !a.no_store && (!a.store.store.empty() ||
+                                    ResolveStoreName(a.store).has_value());
+  if (with_store) {
+    auto session = OpenStoreAsUser(a.store, cmd_name);
+    if (!session) return Report(cmd_name, session.error());
+    options.identity = session->caller;
+    vfs::Backend* store = view->Adopt(std::move(session->backend));
+    router::MountOptions full_paths;
+    full_paths.strip_prefix = false;
+    for (const char* prefix : {"/memories", "/skills"}) {
+      if (auto ok = view->Mount(prefix, store, full_paths); !ok)
+        return Report(cmd_name, ok.error());
+    }
+    options.view = view.get();
+  } else if (!a.no_store) {
+    std::cerr << "agentvfs " << cmd_name
+              << ": no store named (--store, $AGENTVFS_STORE or the config "
+                 "file): /memories and /skills are empty\n";
+  }
+
+  sandbox::Sandbox* target = nullptr;
+  SignalGuard signals(&target);
+  auto sb = sandbox::Sandbox::Create(options);
+  if (!sb) return Report(cmd_name, sb.error());
+  target = sb->get();
+
+  vfs::Result<sandbox::CommandResult> result;
+  if (interactive) {
+    termios saved{};
+    bool raw = tcgetattr(0, &saved) == 0;
+    if (raw) {
+      termios t = saved;
+      cfmakeraw(&t);
+      tcsetattr(0, TCSANOW, &t);
+    }
+    result = (*sb)->RunTerminal(command, 0, 1, signals.winch_fd());
+    if (raw) tcsetattr(0, TCSANOW, &saved);
+  } else {
+    result = (*sb)->Run(command);
+  }
+  target = nullptr;
+  (*sb)->Close();
+  if (!result) return Report(cmd_name, result.error());
+  if (!interactive) {
+    std::cout << result->out.text << std::flush;
+    std::cerr << result->err.text << std::flush;
+  }
+  if (signals.signal() != 0) {
+    std::cerr << "agentvfs " << cmd_name << ": interrupted; the sandbox was "
+              << "stopped\n";
+    return 128 + signals.signal();
+  }
+  if (result->timed_out) {
+    std::cerr << "agentvfs " << cmd_name << ": " << result->Describe() << "\n";
+    return 124;
+  }
+  if (result->signal != 0) {
+    std::cerr << "agentvfs " << cmd_name << ": the command was "
+              << result->Describe() << "\n";
+    return 128 + result->signal;
+  }
+  return result->exit_code;
+}
+
+void AddCommonFlags(CLI::App* cmd, ExecArgs* args) {
+  cmd->add_option("--workspace", args->workspace,
+                  "Host directory bound read-write at /workspace")
+      ->required()
+      ->check(CLI::ExistingDirectory);
+  AddStoreFlags(cmd, &args->store);
+  cmd->add_flag("--no-store", args->no_store,
+                "Leave /memories and /skills empty even when a store is named");
+  cmd->add_option("--cwd", args->cwd,
+                  "Working directory inside: /workspace (default), "
+                  "/memories, /skills or below");
+  cmd->add_option("--env", args->env,
+                  "NAME=VALUE added to the sandbox's environment (repeatable; "
+                  "nothing of yours is passed otherwise)");
+  cmd->add_option("--timeout", args->timeout,
+                  "Wall-clock seconds before every process of the sandbox is "
+                  "killed (0: none; exec default 120, shell none)")
+      ->check(CLI::Range(0.0, 1e7));
+  cmd->add_option("--cpu", args->cpu, "CPU seconds per process (default 300)")
+      ->check(CLI::Range(0.0, 1e9));
+  cmd->add_option("--memory", args->memory,
+                  "Memory, e.g. 2G (per process; for the whole sandbox when a "
+                  "memory cgroup is available; default 4G)");
+  cmd->add_option("--processes", args->processes,
+                  "Processes in the sandbox (default 512)")
+      ->check(CLI::Range(0l, 1000000l));
+  cmd->add_option("--file-size", args->file_size,
+                  "Largest file a process may write, e.g. 1G (default 8G)");
+}
+
+}  // namespace
+
+void AddExecCommands(CLI::App& app, int* exit_code) {
+  auto exec_args = std::make_shared<ExecArgs>();
+  auto* exec = app.add_subcommand(
+      "exec",
+      "Run a command in a sandbox (bubblewrap: no network, no credentials) "
+      "that sees /workspace, /memories and /skills");
+  AddCommonFlags(exec, exec_args.get());
+  exec->add_option("--output-cap", exec_args->output_cap,
+                   "Bytes of stdout and of stderr kept each (default 16M; the "
+                   "middle is cut, with a note)");
+  exec->add_flag("--stdin", exec_args->pass_stdin,
+                 "Feed this command's standard input to the command (default: "
+                 "/dev/null)");
+  exec->add_option("command", exec_args->command, "The command, after --")
+      ->required();
+  exec->callback(
+      [exec_args, exit_code] { *exit_code = RunInSandbox(*exec_args, false); });
+
+  auto shell_args = std::make_shared<ExecArgs>();
+  auto* shell = app.add_subcommand(
+      "shell", "An interactive shell inside the agent's sandbox, for a person");
+  AddCommonFlags(shell, shell_args.get());
+  shell->add_option("command", shell_args->command,
+                    "Program to run instead of bash -l, after --");
+  shell->callback([shell_args, exit_code] {
+    *exit_code = RunInSandbox(*shell_args, true);
+  });
+}
+
+}  // namespace agentvfs::cli
