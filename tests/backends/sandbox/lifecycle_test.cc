@@ -1,0 +1,119 @@
+// Lifecycle: one view per session; a sandbox that dies (or is killed) is
+// replaced by the next command with the workspace intact; a view that goes
+// away is mounted again; the end of a session leaves no process, mount,
+// cgroup or directory behind.
+#include <dirent.h>
+#include <signal.h>
+#include <sys/mount.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <thread>
+
+#include "tests/backends/sandbox/sandbox_fixture.h"
+
+namespace agentvfs::testing {
+namespace {
+
+using ::testing::HasSubstr;
+
+TEST_F(SandboxTest, OneSandboxServesTheSessionsCommands) {
+  auto a = Sh("echo $$ > /tmp/first; stat -c %d /memories");
+  auto b = Sh("cat /tmp/first > /dev/null && stat -c %d /memories");
+  EXPECT_TRUE(a.fresh_sandbox);
+  EXPECT_FALSE(b.fresh_sandbox);
+  // Same /tmp (same sandbox), same view.
+  EXPECT_EQ(b.exit_code, 0) << b.err.text;
+  EXPECT_FALSE(a.out.text.empty());
+  EXPECT_EQ(a.out.text, b.out.text);
+}
+
+TEST_F(SandboxTest, AKilledSandboxIsReplacedAndTheWorkspaceRemains) {
+  ASSERT_EQ(Sh("echo data > /workspace/f.txt").exit_code, 0);
+  pid_t init = sandbox_->init_pid();
+  ASSERT_GT(init, 0);
+  ASSERT_EQ(kill(init, SIGKILL), 0);
+  for (int i = 0; i < 100 && kill(init, 0) == 0; ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  auto r = Sh("cat /workspace/f.txt; ls /memories/users");
+  EXPECT_TRUE(r.fresh_sandbox);
+  EXPECT_EQ(r.exit_code, 0) << r.err.text;
+  EXPECT_THAT(r.out.text, HasSubstr("data\n"));
+  EXPECT_NE(sandbox_->init_pid(), init);
+}
+
+TEST_F(SandboxTest, ASandboxKilledDuringACommandEndsItAndTheNextStartsFresh) {
+  MakeSandbox(TestLimits());
+  ASSERT_EQ(Sh("true").exit_code, 0);
+  std::thread killer([this] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    sandbox_->Kill();
+  });
+  auto r = Sh("echo before; sleep 30");
+  killer.join();
+  EXPECT_EQ(r.signal, SIGKILL);
+  EXPECT_FALSE(r.timed_out);
+  EXPECT_EQ(r.out.text, "before\n");
+  EXPECT_THAT(r.err.text, HasSubstr("the sandbox was killed"));
+  EXPECT_LT(r.seconds, 10.0);
+  auto next = Sh("echo after");
+  EXPECT_TRUE(next.fresh_sandbox);
+  EXPECT_EQ(next.out.text, "after\n");
+}
+
+TEST_F(SandboxTest, AViewThatWentAwayIsMountedAgain) {
+  ASSERT_EQ(Sh("echo one > /memories/users/alice/a.md").exit_code, 0);
+  std::string view = sandbox_->session_dir() + "/view";
+  ASSERT_EQ(MountsUnder(view).size(), 1u);
+  ASSERT_EQ(umount2(view.c_str(), MNT_DETACH), 0);
+  auto r = Sh("cat /memories/users/alice/a.md");
+  EXPECT_TRUE(r.fresh_sandbox);
+  EXPECT_EQ(r.out.text, "one\n") << r.err.text;
+  EXPECT_EQ(MountsUnder(view).size(), 1u);
+}
+
+TEST_F(SandboxTest, EndingTheSessionLeavesNothingBehind) {
+  std::string m = Marker();
+  auto r = Sh("(setsid sh -c 'sleep 1000; true " + m +
+              "' > /dev/null 2>&1 &); echo x > /tmp/t; echo started");
+  ASSERT_EQ(r.out.text, "started\n");
+  ASSERT_EQ(ProcessesWith(m).size(), 1u);
+  std::string dir = sandbox_->session_dir();
+  bool pids_cgroup = sandbox_->has_pids_cgroup();
+  std::string cgroups = ReadHostFile("/proc/self/mountinfo");
+  sandbox_->Close();
+  EXPECT_TRUE(ProcessesWith(m).empty());
+  EXPECT_TRUE(MountsUnder(dir).empty());
+  struct stat st;
+  EXPECT_NE(stat(dir.c_str(), &st), 0) << dir << " is still there";
+  // No cgroup of this process's sandboxes is left either.
+  std::string name = "agentvfs-sandbox-" + std::to_string(getpid()) + "-";
+  for (const char* hierarchy :
+       {"/sys/fs/cgroup/pids", "/sys/fs/cgroup/memory", "/sys/fs/cgroup"}) {
+    std::string listing;
+    if (DIR* d = opendir(hierarchy)) {
+      while (dirent* e = readdir(d)) listing += std::string(e->d_name) + " ";
+      closedir(d);
+    }
+    EXPECT_THAT(listing, ::testing::Not(HasSubstr(name))) << hierarchy;
+  }
+  (void)pids_cgroup;
+  (void)cgroups;
+  // And the workspace is the host's: untouched by the end of the session.
+  EXPECT_EQ(stat(workspace_.c_str(), &st), 0);
+  // A closed session refuses commands.
+  sandbox::Command c;
+  c.argv = {"true"};
+  EXPECT_FALSE(sandbox_->Run(c).has_value());
+}
+
+TEST_F(SandboxTest, TheSandboxCanBeStartedAheadOfTheFirstCommand) {
+  MakeSandbox(TestLimits());
+  ASSERT_TRUE(sandbox_->Start().has_value());
+  EXPECT_GT(sandbox_->init_pid(), 0);
+  EXPECT_FALSE(Sh("true").fresh_sandbox);
+}
+
+}  // namespace
+}  // namespace agentvfs::testing
