@@ -4,12 +4,15 @@
 
 #include <dirent.h>
 #include <fcntl.h>
+#include <grp.h>
 #include <limits.h>
 #include <poll.h>
+#include <sched.h>
 #include <signal.h>
 #include <spdlog/spdlog.h>
 #include <sys/ioctl.h>
 #include <sys/mount.h>
+#include <sys/random.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
@@ -97,9 +100,21 @@ void WriteNumber(int fd, long value) {
   (void)ignored;
 }
 
+// The id of the mount `name` (relative to dirfd) is on, or 0.
+uint64_t MountId(int dir_fd, const char* name) {
+  struct statx sx;
+  if (statx(dir_fd, name, AT_SYMLINK_NOFOLLOW | AT_EMPTY_PATH, STATX_MNT_ID,
+            &sx) != 0 ||
+      !(sx.stx_mask & STATX_MNT_ID))
+    return 0;
+  return sx.stx_mnt_id;
+}
+
 // Removes the tree under `dirfd` (then closes it) without following symlinks
-// and without entering other filesystems (a mount left under it stays).
+// and without entering other mounts (a bind mount of the workspace or a
+// FUSE view left under it stays whole).
 void RemoveTreeAt(int dir_fd, dev_t dev) {
+  const uint64_t mnt = MountId(dir_fd, "");
   DIR* d = fdopendir(dir_fd);
   if (d == nullptr) {
     close(dir_fd);
@@ -115,7 +130,7 @@ void RemoveTreeAt(int dir_fd, dev_t dev) {
     struct stat st;
     if (fstatat(fd, n.c_str(), &st, AT_SYMLINK_NOFOLLOW) != 0) continue;
     if (S_ISDIR(st.st_mode)) {
-      if (st.st_dev != dev) continue;
+      if (st.st_dev != dev || MountId(fd, n.c_str()) != mnt) continue;
       int sub = openat(fd, n.c_str(),
                        O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
       if (sub < 0 && errno == EACCES) {
@@ -487,7 +502,19 @@ vfs::Result<std::unique_ptr<Sandbox>> Sandbox::Create(SandboxOptions options) {
     return Fail(ENOTDIR,
                 "workspace '" + options.workspace + "' is not a directory");
   options.workspace = real;
+  const bool root = geteuid() == 0;
+  if (!root && ((options.host_uid && *options.host_uid != geteuid()) ||
+                (options.host_gid && *options.host_gid != getegid())))
+    return Fail(EPERM, "only root can run the sandbox under another uid");
   std::unique_ptr<Sandbox> sb(new Sandbox(std::move(options)));
+  uint16_t pick = 0;
+  if (getrandom(&pick, sizeof(pick), 0) != sizeof(pick)) pick = getpid();
+  sb->host_uid_ =
+      sb->options_.host_uid.value_or(root ? kHostIdBase + pick : geteuid());
+  sb->host_gid_ =
+      sb->options_.host_gid.value_or(root ? kHostIdBase + pick : getegid());
+  sb->drop_ = root && sb->host_uid_ != 0;
+  sb->workspace_ = sb->options_.workspace;
   sb->init_path_ = FindInit(sb->options_.init_path);
   if (sb->init_path_.empty())
     return Fail(ENOENT,
@@ -507,6 +534,29 @@ vfs::Result<std::unique_ptr<Sandbox>> Sandbox::Create(SandboxOptions options) {
                            ErrText(errno));
   sb->dir_ = templ;
   chmod(sb->dir_.c_str(), 0700);
+  if (sb->drop_) {
+    // The sandbox's host uid must reach what bwrap binds: the session
+    // directory becomes its own, with a link to (or copy of) the init.
+    std::string init = sb->dir_ + "/init";
+    bool ok = chown(sb->dir_.c_str(), sb->host_uid_, sb->host_gid_) == 0;
+    if (ok && link(sb->init_path_.c_str(), init.c_str()) != 0) {
+      std::ifstream in(sb->init_path_, std::ios::binary);
+      std::ofstream out(init, std::ios::binary);
+      out << in.rdbuf();
+      ok = static_cast<bool>(out) && chmod(init.c_str(), 0755) == 0;
+    }
+    if (!ok) {
+      int err = errno;
+      RemoveTree(sb->dir_);
+      return Fail(err, "cannot prepare the session directory " + sb->dir_ +
+                           ": " + ErrText(err));
+    }
+    sb->init_path_ = init;
+    if (auto mapped = sb->MapWorkspace(); !mapped) {
+      RemoveTree(sb->dir_);
+      return std::unexpected(mapped.error());
+    }
+  }
   const auto& o = sb->options_;
   std::string passwd = "root:x:0:0:root:/root:/usr/sbin/nologin\n";
   std::string group = "root:x:0:\n";
@@ -530,11 +580,93 @@ vfs::Result<std::unique_ptr<Sandbox>> Sandbox::Create(SandboxOptions options) {
   }
   if (sb->options_.view != nullptr) {
     if (auto ok = sb->MountView(); !ok) {
-      RemoveTree(sb->dir_);
+      sb->Close();
       return std::unexpected(ok.error());
     }
   }
   return sb;
+}
+
+vfs::Status Sandbox::MapWorkspace() {
+  // An idmapped bind of the workspace: files owned by the workspace's owner
+  // appear owned by the sandbox's host uid, and what it creates is stored as
+  // the owner's. The mapping is a user namespace made for the purpose by a
+  // child that waits while its maps are written.
+  struct stat st;
+  if (stat(options_.workspace.c_str(), &st) != 0)
+    return Fail(errno, "workspace: " + ErrText(errno));
+  int sync[2];
+  if (pipe2(sync, O_CLOEXEC) != 0) return Fail(errno, "pipe");
+  pid_t child = fork();
+  if (child < 0) {
+    close(sync[0]);
+    close(sync[1]);
+    return Fail(errno, "fork");
+  }
+  if (child == 0) {
+    close(sync[1]);
+    char b;
+    if (unshare(CLONE_NEWUSER) != 0) _exit(1);
+    // Waits for the parent to finish (EOF), then goes.
+    while (read(sync[0], &b, 1) < 0 && errno == EINTR) {
+    }
+    _exit(0);
+  }
+  close(sync[0]);
+  std::string proc = "/proc/" + std::to_string(child);
+  int userns = -1;
+  // The child unshares asynchronously: wait until its namespace differs.
+  std::string own_ns, child_ns;
+  char buf[64];
+  ssize_t n = readlink("/proc/self/ns/user", buf, sizeof(buf));
+  own_ns.assign(buf, n > 0 ? n : 0);
+  for (int i = 0; i < 2000; ++i) {
+    n = readlink((proc + "/ns/user").c_str(), buf, sizeof(buf));
+    child_ns.assign(buf, n > 0 ? n : 0);
+    if (!child_ns.empty() && child_ns != own_ns) break;
+    usleep(500);
+  }
+  bool ok =
+      child_ns != own_ns &&
+      WriteFile(proc + "/uid_map", std::to_string(st.st_uid) + " " +
+                                       std::to_string(host_uid_) + " 1\n") &&
+      WriteFile(proc + "/gid_map", std::to_string(st.st_gid) + " " +
+                                       std::to_string(host_gid_) + " 1\n");
+  if (ok) userns = open((proc + "/ns/user").c_str(), O_RDONLY | O_CLOEXEC);
+  close(sync[1]);
+  int status;
+  waitpid(child, &status, 0);
+  if (userns < 0)
+    return Fail(EIO,
+                "cannot make the user namespace for the workspace's "
+                "idmapped mount");
+  std::string target = dir_ + "/ws";
+  mkdir(target.c_str(), 0700);
+  int tree = open_tree(AT_FDCWD, options_.workspace.c_str(),
+                       OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC);
+  int err = 0;
+  if (tree < 0) {
+    err = errno;
+  } else {
+    mount_attr attr{};
+    attr.attr_set = MOUNT_ATTR_IDMAP;
+    attr.userns_fd = static_cast<uint64_t>(userns);
+    if (mount_setattr(tree, "", AT_EMPTY_PATH, &attr, sizeof(attr)) != 0 ||
+        move_mount(tree, "", AT_FDCWD, target.c_str(),
+                   MOVE_MOUNT_F_EMPTY_PATH) != 0)
+      err = errno;
+    close(tree);
+  }
+  close(userns);
+  if (err != 0)
+    return Fail(
+        err, "cannot bind the workspace " + options_.workspace +
+                 " for the sandbox's uid (an idmapped mount: " + ErrText(err) +
+                 "); put the workspace on a local filesystem such as "
+                 "ext4, xfs, btrfs or tmpfs, or run agentvfs as the "
+                 "workspace's owner instead of root");
+  workspace_ = target;
+  return {};
 }
 
 vfs::Status Sandbox::MountView() {
@@ -546,6 +678,11 @@ vfs::Status Sandbox::MountView() {
   fo.mountpoint = v->mountpoint;
   fo.identity = options_.identity;
   fo.fsname = "agentvfs-sandbox";
+  if (drop_) {
+    fo.allow_other = true;  // the sandbox's uid is not ours
+    fo.id_map =
+        fuse::FuseOptions::IdMap{geteuid(), host_uid_, getegid(), host_gid_};
+  }
   auto server = fuse::FuseServer::Mount(*options_.view, fo);
   if (!server)
     return Fail(server.error().code,
@@ -595,8 +732,14 @@ vfs::Status Sandbox::EnsureRunning(bool* fresh) {
     if (mkdir((inst->run_dir + sub).c_str(), 0700) != 0)
       return Fail(errno, "cannot make " + inst->run_dir + sub);
   }
-  // The sandbox's uid (ours, seen through its user namespace) owns them.
+  // The sandbox's host uid owns them.
   chmod((inst->run_dir + "/tmp").c_str(), 01777);
+  if (drop_) {
+    for (const char* sub : {"", "/tmp", "/home"})
+      if (chown((inst->run_dir + sub).c_str(), host_uid_, host_gid_) != 0)
+        return Fail(errno, "cannot give " + inst->run_dir + sub +
+                               " to the sandbox's uid");
+  }
 
   // cgroups for the process count and the memory of the whole sandbox.
   std::string cg_name = "agentvfs-sandbox-" + std::to_string(getpid()) + "-" +
@@ -678,7 +821,7 @@ vfs::Status Sandbox::EnsureRunning(bool* fresh) {
   a.insert(a.end(), {"--proc", "/proc", "--dev", "/dev", "--bind",
                      inst->run_dir + "/tmp", "/tmp", "--bind",
                      inst->run_dir + "/home", home, "--symlink", "/tmp",
-                     "/var/tmp", "--bind", options_.workspace, "/workspace"});
+                     "/var/tmp", "--bind", workspace_, "/workspace"});
   if (view_) {
     a.insert(a.end(), {"--bind", view_->mountpoint + "/memories", "/memories",
                        "--bind", view_->mountpoint + "/skills", "/skills"});
@@ -702,6 +845,9 @@ vfs::Status Sandbox::EnsureRunning(bool* fresh) {
       open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
   int null_fd = open("/dev/null", O_RDWR | O_CLOEXEC);
 
+  const bool drop = drop_;
+  const uid_t uid = host_uid_;
+  const gid_t gid = host_gid_;
   pid_t pid = fork();
   if (pid < 0) {
     int err = errno;
@@ -723,6 +869,11 @@ vfs::Status Sandbox::EnsureRunning(bool* fresh) {
         WriteNumber(fd, getpid());
         close(fd);
       }
+    }
+    if (drop) {
+      if (setgroups(0, nullptr) != 0 || setresgid(gid, gid, gid) != 0 ||
+          setresuid(uid, uid, uid) != 0)
+        _exit(126);
     }
     sigset_t none;
     sigemptyset(&none);
@@ -1143,6 +1294,10 @@ void Sandbox::Close() {
   closed_ = true;
   DropInstance();
   view_.reset();
+  if (workspace_ != options_.workspace) {
+    umount2(workspace_.c_str(), MNT_DETACH);
+    workspace_ = options_.workspace;
+  }
   if (!dir_.empty()) RemoveTree(dir_);
 }
 

@@ -17,8 +17,13 @@
 // no process, mount or temporary directory remains. See docs/sandbox.md.
 //
 // Processes inside run as uid/gid `SandboxOptions::uid/gid` of a new user
-// namespace, which maps them to the uid/gid of this process; they hold no
-// capability outside it and may not create user namespaces of their own.
+// namespace, which maps them to an unprivileged host uid/gid: this process's
+// own when it is not root; as root, one picked per session (never 0: a
+// capability-less host root could still write /proc/sys and use root's
+// keyrings). The workspace is then bound through an idmapped mount and the
+// view maps owners, so that the files root made are the sandbox user's, as
+// on a local disk. They hold no capability outside their namespace and may
+// not create user namespaces of their own.
 //
 // Thread safety: Run and RunTerminal may be called from several threads; a
 // session runs one command at a time (calls wait their turn).
@@ -45,6 +50,9 @@
 #include "vfs/error.h"
 
 namespace agentvfs::sandbox {
+
+// Where root's per-session host ids for sandboxes start.
+inline constexpr uint32_t kHostIdBase = 0x60000000;
 
 // Per-command limits. 0 means "no limit" for every field.
 struct Limits {
@@ -76,6 +84,10 @@ struct SandboxOptions {
   std::string init_path;
   uid_t uid = 1000;  // identity inside the sandbox
   gid_t gid = 1000;
+  // Host identity of the sandbox's processes (see above). As root, the
+  // default is kHostIdBase plus a random 16-bit number per session.
+  std::optional<uid_t> host_uid;
+  std::optional<gid_t> host_gid;
   std::string user_name = "agent";
   std::string hostname = "sandbox";
   // Host paths made visible read-only at the same place (e.g. /opt/tools).
@@ -143,6 +155,9 @@ class Sandbox {
   // Host pid of the sandbox's init (0 when none is running), for tests.
   pid_t init_pid() const;
   const std::string& session_dir() const { return dir_; }
+  // Host uid/gid of the sandbox's processes.
+  uid_t host_uid() const { return host_uid_; }
+  gid_t host_gid() const { return host_gid_; }
   // Whether processes are counted by a pids cgroup and memory is capped for
   // the whole sandbox by a memory cgroup (else per-process rlimits only).
   bool has_pids_cgroup() const;
@@ -160,6 +175,11 @@ class Sandbox {
   SandboxOptions options_;
   std::string dir_;  // the session directory (mode 0700)
   std::string init_path_;
+  uid_t host_uid_ = 0;
+  gid_t host_gid_ = 0;
+  bool drop_ = false;      // root running the sandbox as host_uid_
+  std::string workspace_;  // what is bound at /workspace
+  vfs::Status MapWorkspace();
   // Lock order: run_mu_, then instance_mu_.
   std::mutex run_mu_;  // one command at a time; guards view_ and the rest
   mutable std::mutex

@@ -368,11 +368,28 @@ class FuseServer::Impl {
   Caller CallerFor(fuse_req_t req) {
     Caller c = options_.identity;
     const fuse_ctx* ctx = fuse_req_ctx(req);
-    c.uid = ctx->uid;
-    c.gid = ctx->gid;
+    c.uid = StoredUid(ctx->uid);
+    c.gid = StoredGid(ctx->gid);
     c.pid = ctx->pid;
     c.request_id = next_request_.fetch_add(1, std::memory_order_relaxed);
     return c;
+  }
+
+  // FuseOptions::id_map, both ways.
+  uid_t StoredUid(uid_t uid) const {
+    const auto& m = options_.id_map;
+    return m && uid == m->shown_uid ? m->stored_uid : uid;
+  }
+  gid_t StoredGid(gid_t gid) const {
+    const auto& m = options_.id_map;
+    return m && gid == m->shown_gid ? m->stored_gid : gid;
+  }
+  Attr Shown(Attr st) const {
+    if (const auto& m = options_.id_map) {
+      if (st.st_uid == m->stored_uid) st.st_uid = m->shown_uid;
+      if (st.st_gid == m->stored_gid) st.st_gid = m->shown_gid;
+    }
+    return st;
   }
 
   // Replies an entry for (parent, name) with attributes `st`.
@@ -380,7 +397,7 @@ class FuseServer::Impl {
                   const Attr& st) {
     fuse_entry_param e{};
     e.ino = Remember(parent, std::string(name), st);
-    e.attr = st;
+    e.attr = Shown(st);
     e.attr_timeout = options_.attr_timeout;
     e.entry_timeout = options_.entry_timeout;
     if (fuse_reply_entry(req, &e) != 0) Forget(e.ino, 1);
@@ -729,7 +746,8 @@ void OpGetattr(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
       st = self->backend_.Stat(self->CallerFor(req), *path);
     }
     if (!st) return self->ReplyError(req, st.error());
-    fuse_reply_attr(req, &*st, self->options_.attr_timeout);
+    Attr shown = self->Shown(*st);
+    fuse_reply_attr(req, &shown, self->options_.attr_timeout);
   });
 }
 
@@ -757,8 +775,10 @@ void OpSetattr(fuse_req_t req, fuse_ino_t ino, struct stat* attr, int to_set,
       if (!r) return self->ReplyError(req, r.error());
     }
     if (to_set & (FUSE_SET_ATTR_UID | FUSE_SET_ATTR_GID)) {
-      uid_t uid = (to_set & FUSE_SET_ATTR_UID) ? attr->st_uid : vfs::kKeepUid;
-      gid_t gid = (to_set & FUSE_SET_ATTR_GID) ? attr->st_gid : vfs::kKeepGid;
+      uid_t uid = (to_set & FUSE_SET_ATTR_UID) ? self->StoredUid(attr->st_uid)
+                                               : vfs::kKeepUid;
+      gid_t gid = (to_set & FUSE_SET_ATTR_GID) ? self->StoredGid(attr->st_gid)
+                                               : vfs::kKeepGid;
       Status r = h ? h->Chown(uid, gid) : b.Chown(c, *path, uid, gid);
       if (!r) return self->ReplyError(req, r.error());
     }
@@ -784,7 +804,8 @@ void OpSetattr(fuse_req_t req, fuse_ino_t ino, struct stat* attr, int to_set,
     }
     Result<Attr> st = h ? h->Stat() : b.Stat(c, *path);
     if (!st) return self->ReplyError(req, st.error());
-    fuse_reply_attr(req, &*st, self->options_.attr_timeout);
+    Attr shown = self->Shown(*st);
+    fuse_reply_attr(req, &shown, self->options_.attr_timeout);
   });
 }
 
@@ -951,7 +972,7 @@ void OpCreate(fuse_req_t req, fuse_ino_t parent, const char* name, mode_t mode,
     if (!st) return self->ReplyError(req, st.error());
     fuse_entry_param e{};
     e.ino = self->Remember(parent, name, *st);
-    e.attr = *st;
+    e.attr = self->Shown(*st);
     e.attr_timeout = self->options_.attr_timeout;
     e.entry_timeout = self->options_.entry_timeout;
     fi->noflush = (*h)->NeedsFlush() ? 0 : 1;
@@ -1110,7 +1131,7 @@ void OpReaddirplus(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off,
                        : Result<Attr>(std::unexpected(path.error()));
         if (st) {
           e.ino = self->Remember(ino, d.name, *st);
-          e.attr = *st;
+          e.attr = self->Shown(*st);
           e.attr_timeout = self->options_.attr_timeout;
           e.entry_timeout = self->options_.entry_timeout;
         }

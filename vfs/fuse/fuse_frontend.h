@@ -34,6 +34,7 @@
 #pragma once
 
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -71,6 +72,16 @@ struct FuseOptions {
   // a file created behind the kernel's back stays invisible this long.
   double negative_timeout = 0.0;
   std::string fsname = "agentvfs";
+  // Ownership as the mount's users see it: files the backend reports as
+  // owned by stored_uid/stored_gid appear owned by shown_uid/shown_gid, and
+  // requests from shown_uid/shown_gid act as stored_uid/stored_gid (new
+  // files, chown). A sandbox running under an unprivileged uid thus owns,
+  // as on a local disk, the files its user made as root.
+  struct IdMap {
+    uid_t stored_uid = 0, shown_uid = 0;
+    gid_t stored_gid = 0, shown_gid = 0;
+  };
+  std::optional<IdMap> id_map;
   // Caller template: user and session of this view. uid/gid/pid are filled
   // per request from the FUSE request context.
   vfs::Caller identity;
