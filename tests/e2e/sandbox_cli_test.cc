@@ -1,0 +1,152 @@
+// `agentvfs exec` and `agentvfs shell` as a person uses them: the real
+// binary, a real store and, for the shell, a real terminal (a pty).
+#include <fcntl.h>
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <poll.h>
+#include <pty.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <fstream>
+
+#include "tests/support/files.h"
+#include "tests/support/mount_fixture.h"
+#include "tests/support/store_fixture.h"
+
+namespace agentvfs::e2e {
+namespace {
+
+using testing::CommandOptions;
+using ::testing::HasSubstr;
+using testing::RunCommand;
+
+class SandboxCliTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    auto store = testing::StoreFixture::Create({"dev"});
+    ASSERT_TRUE(store.has_value()) << store.error().message;
+    store_ = std::move(*store);
+    ws_ = std::make_unique<testing::TempDir>("agentvfs-exec-ws");
+  }
+  std::vector<std::string> Args(const std::string& cmd) {
+    return {AGENTVFS_BINARY, cmd,
+            "--workspace",   ws_->path(),
+            "--store",       store_->db(),
+            "--token-file",  store_->TokenFile("dev")};
+  }
+  testing::CommandResult Exec(std::vector<std::string> command,
+                              std::vector<std::string> flags = {}) {
+    auto argv = Args("exec");
+    argv.insert(argv.end(), flags.begin(), flags.end());
+    argv.push_back("--");
+    argv.insert(argv.end(), command.begin(), command.end());
+    return RunCommand(argv);
+  }
+  static size_t SessionDirs() {
+    size_t n = 0;
+    auto names = testing::ListDir("/tmp");
+    for (const auto& e : names.value_or(std::vector<std::string>{}))
+      if (e.rfind("agentvfs-sandbox-", 0) == 0) ++n;
+    return n;
+  }
+  std::unique_ptr<testing::StoreFixture> store_;
+  std::unique_ptr<testing::TempDir> ws_;
+};
+
+TEST_F(SandboxCliTest, ExecPassesOutputAndExitCodeAndLeavesNothing) {
+  size_t before = SessionDirs();
+  auto r = Exec({"sh", "-c",
+                 "echo hello > /workspace/h.txt; echo mem > "
+                 "/memories/users/dev/m.md; cat /memories/users/dev/m.md; "
+                 "exit 3"});
+  EXPECT_EQ(r.exit_status, 3) << r.output;
+  EXPECT_EQ(r.output, "mem\n");
+  EXPECT_EQ(testing::ReadFile(ws_->Sub("h.txt")), "hello\n");
+  EXPECT_EQ(SessionDirs(), before);
+}
+
+TEST_F(SandboxCliTest, ExecReportsTimeoutsSignalsAndBadInput) {
+  auto t = Exec({"sleep", "30"}, {"--timeout", "0.5"});
+  EXPECT_EQ(t.exit_status, 124);
+  EXPECT_THAT(t.output, HasSubstr("timed out after"));
+  auto s = Exec({"sh", "-c", "kill -KILL $$"});
+  EXPECT_EQ(s.exit_status, 128 + 9);
+  EXPECT_THAT(s.output, HasSubstr("SIGKILL"));
+  auto missing = Exec({"no-such-command"});
+  EXPECT_EQ(missing.exit_status, 2);
+  EXPECT_THAT(missing.output, HasSubstr("command not found: no-such-command"));
+  auto bad = Exec({"true"}, {"--memory", "lots"});
+  EXPECT_EQ(bad.exit_status, 2);
+  EXPECT_THAT(bad.output, HasSubstr("not a size"));
+  auto outside = Exec({"true"}, {"--cwd", "/etc"});
+  EXPECT_EQ(outside.exit_status, 2);
+  EXPECT_THAT(outside.output, HasSubstr("outside the view"));
+}
+
+TEST_F(SandboxCliTest, AWrongTokenRunsNothing) {
+  std::string bad = ws_->Sub("bad.token");
+  std::ofstream(bad) << "avfs_0000";
+  auto argv = Args("exec");
+  argv[argv.size() - 1] = bad;
+  argv.insert(argv.end(), {"--", "sh", "-c", "touch /workspace/ran"});
+  auto r = RunCommand(argv);
+  EXPECT_NE(r.exit_status, 0);
+  EXPECT_THAT(r.output, HasSubstr("token is not valid"));
+  EXPECT_FALSE(testing::ReadFile(ws_->Sub("ran")).has_value());
+}
+
+TEST_F(SandboxCliTest, ShellGivesAPersonATerminalInsideTheSandbox) {
+  int master;
+  auto argv = Args("shell");
+  argv.insert(argv.end(), {"--", "/bin/sh"});
+  pid_t pid = forkpty(&master, nullptr, nullptr, nullptr);
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    std::vector<char*> a;
+    for (auto& s : argv) a.push_back(s.data());
+    a.push_back(nullptr);
+    setenv("TERM", "xterm", 1);
+    execv(a[0], a.data());
+    _exit(127);
+  }
+  std::string script =
+      "tty; id -un; echo typed > /workspace/from-shell; "
+      "ls /memories/users; exit 5\n";
+  ASSERT_EQ(write(master, script.data(), script.size()),
+            static_cast<ssize_t>(script.size()));
+  std::string seen;
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  int status = -1;
+  while (std::chrono::steady_clock::now() < deadline) {
+    pollfd p{master, POLLIN, 0};
+    if (poll(&p, 1, 100) > 0) {
+      char buf[4096];
+      ssize_t n = read(master, buf, sizeof(buf));
+      if (n > 0) seen.append(buf, n);
+    }
+    if (waitpid(pid, &status, WNOHANG) == pid) break;
+  }
+  close(master);
+  if (!WIFEXITED(status)) {
+    kill(pid, SIGKILL);
+    waitpid(pid, &status, 0);
+    FAIL() << "the shell did not end; it showed:\n" << seen;
+  }
+  EXPECT_EQ(WEXITSTATUS(status), 5) << seen;
+  EXPECT_THAT(seen, HasSubstr("/dev/pts/"));  // a terminal of its own
+  EXPECT_THAT(seen, HasSubstr("agent"));
+  EXPECT_THAT(seen, HasSubstr("dev"));
+  EXPECT_EQ(testing::ReadFile(ws_->Sub("from-shell")), "typed\n");
+}
+
+TEST_F(SandboxCliTest, ShellRefusesWithoutATerminal) {
+  auto argv = Args("shell");
+  auto r = RunCommand(argv);
+  EXPECT_EQ(r.exit_status, 2);
+  EXPECT_THAT(r.output, HasSubstr("needs a terminal"));
+}
+
+}  // namespace
+}  // namespace agentvfs::e2e
