@@ -720,7 +720,7 @@ vfs::Status Sandbox::EnsureRunning(bool* fresh) {
   }
   if (instance_ && instance_->Alive()) return {};
   if (instance_) {
-    Log()->info("the sandbox died; starting a fresh one");
+    Log()->debug("the sandbox ended; starting a fresh one");
     DropInstance();
   }
   *fresh = true;
