@@ -10,8 +10,10 @@
 #include <termios.h>
 #include <unistd.h>
 
+#include <cmath>
 #include <iostream>
 #include <memory>
+#include <mutex>
 #include <thread>
 
 #include "backends/sandbox/sandbox.h"
@@ -40,7 +42,8 @@ vfs::Result<sandbox::Limits> LimitsFrom(const ExecArgs& a, bool interactive) {
   if (interactive) l.timeout_s = 0;  // a person's shell has no wall clock
   l.output_cap = 16ull << 20;        // a person reads it; keep more
   if (a.timeout >= 0) l.timeout_s = a.timeout;
-  if (a.cpu >= 0) l.cpu_s = static_cast<uint64_t>(a.cpu);
+  // RLIMIT_CPU counts whole seconds; a fraction rounds up (0 means none).
+  if (a.cpu >= 0) l.cpu_s = static_cast<uint64_t>(std::ceil(a.cpu));
   if (a.processes >= 0) l.processes = static_cast<uint64_t>(a.processes);
   for (auto [text, field] :
        {std::pair{&a.memory, &l.memory}, std::pair{&a.file_size, &l.file_size},
@@ -58,7 +61,7 @@ vfs::Result<sandbox::Limits> LimitsFrom(const ExecArgs& a, bool interactive) {
 // the session ends with nothing left behind.
 class SignalGuard {
  public:
-  explicit SignalGuard(sandbox::Sandbox** target) {
+  SignalGuard() {
     sigset_t set;
     sigemptyset(&set);
     for (int s : {SIGINT, SIGTERM, SIGHUP, SIGWINCH, SIGUSR2})
@@ -68,7 +71,7 @@ class SignalGuard {
     sigemptyset(&winch);
     sigaddset(&winch, SIGWINCH);
     winch_fd_ = signalfd(-1, &winch, SFD_CLOEXEC | SFD_NONBLOCK);
-    thread_ = std::thread([this, target] {
+    thread_ = std::thread([this] {
       sigset_t wait;
       sigemptyset(&wait);
       for (int s : {SIGINT, SIGTERM, SIGHUP, SIGUSR2}) sigaddset(&wait, s);
@@ -76,7 +79,8 @@ class SignalGuard {
       while (sigwait(&wait, &sig) == 0) {
         if (sig == SIGUSR2 && stopping_) return;
         got_ = sig;
-        if (*target) (*target)->Kill();
+        std::lock_guard lock(mu_);
+        if (target_ != nullptr) target_->Kill();
       }
     });
   }
@@ -89,8 +93,15 @@ class SignalGuard {
   }
   int winch_fd() const { return winch_fd_; }
   int signal() const { return got_; }
+  // The sandbox a signal stops (null: none; set to null before it goes).
+  void SetTarget(sandbox::Sandbox* target) {
+    std::lock_guard lock(mu_);
+    target_ = target;
+  }
 
  private:
+  std::mutex mu_;  // guards target_
+  sandbox::Sandbox* target_ = nullptr;
   sigset_t old_;
   int winch_fd_ = -1;
   std::atomic<bool> stopping_{false};
@@ -157,11 +168,15 @@ int RunInSandbox(const ExecArgs& a, bool interactive) {
                  "file): /memories and /skills are empty\n";
   }
 
-  sandbox::Sandbox* target = nullptr;
-  SignalGuard signals(&target);
+  SignalGuard signals;
   auto sb = sandbox::Sandbox::Create(options);
   if (!sb) return Report(cmd_name, sb.error());
-  target = sb->get();
+  signals.SetTarget(sb->get());
+  if (signals.signal() != 0) {  // interrupted while the session was made
+    signals.SetTarget(nullptr);
+    (*sb)->Close();
+    return 128 + signals.signal();
+  }
 
   vfs::Result<sandbox::CommandResult> result;
   if (interactive) {
@@ -177,7 +192,7 @@ int RunInSandbox(const ExecArgs& a, bool interactive) {
   } else {
     result = (*sb)->Run(command);
   }
-  target = nullptr;
+  signals.SetTarget(nullptr);
   (*sb)->Close();
   if (!result) return Report(cmd_name, result.error());
   if (!interactive) {

@@ -243,8 +243,18 @@ int main(int argc, char** argv) {
       int err = RecvPacket(g_sock, &req, &fds);
       if (err == ECONNRESET || err == ENOTCONN || err == EBADF) return 0;
       if (err != 0) continue;
-      if (req.value("op", "") == "exec") {
-        StartCommand(req, fds);
+      try {
+        if (req.value("op", "") == "exec") StartCommand(req, fds);
+      } catch (const std::exception& e) {
+        // A field of the wrong type: the request is refused, the init goes on.
+        uint64_t id = 0;
+        if (req.contains("id") && req["id"].is_number_unsigned())
+          id = req["id"].get<uint64_t>();
+        SendPacket(g_sock, {{"op", "failed"},
+                            {"id", id},
+                            {"errno", EINVAL},
+                            {"message",
+                             std::string("malformed request: ") + e.what()}});
       }
       for (int fd : fds) close(fd);
       // A command that ended while this one started is reaped now.

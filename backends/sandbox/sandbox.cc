@@ -6,11 +6,17 @@
 #include <fcntl.h>
 #include <grp.h>
 #include <limits.h>
+#include <linux/audit.h>
+#include <linux/filter.h>
+#include <linux/keyctl.h>
+#include <linux/seccomp.h>
 #include <poll.h>
 #include <sched.h>
 #include <signal.h>
 #include <spdlog/spdlog.h>
+#include <stddef.h>
 #include <sys/ioctl.h>
+#include <sys/mman.h>
 #include <sys/mount.h>
 #include <sys/random.h>
 #include <sys/socket.h>
@@ -26,10 +32,12 @@
 #include <chrono>
 #include <cmath>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <iomanip>
 #include <optional>
 #include <sstream>
+#include <tuple>
 
 #include "backends/sandbox/protocol.h"
 #include "vfs/fuse/fuse_frontend.h"
@@ -73,17 +81,33 @@ const char* const kEtcAllowlist[] = {
     "magic",        "magic.mime",      "perl",           "gitconfig",
 };
 
+// Allowlisted /etc directories bound from the host rather than copied.
+bool IsEtcBound(std::string_view name) {
+  return name == "alternatives" || name == "ssl/certs";
+}
+
 std::string ErrText(int err) { return std::strerror(err); }
+
+std::string ReadSmallFile(const std::string& path) {
+  std::ifstream f(path);
+  return std::string((std::istreambuf_iterator<char>(f)),
+                     std::istreambuf_iterator<char>());
+}
 
 void CloseFd(int& fd) {
   if (fd >= 0) close(fd);
   fd = -1;
 }
 
+// One write(2) (what /proc and cgroup files need), never through a symlink.
 bool WriteFile(const std::string& path, const std::string& text) {
-  std::ofstream f(path, std::ios::trunc);
-  f << text;
-  return static_cast<bool>(f);
+  int fd = open(path.c_str(),
+                O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW | O_CLOEXEC, 0644);
+  if (fd < 0) return false;
+  bool ok =
+      write(fd, text.data(), text.size()) == static_cast<ssize_t>(text.size());
+  if (close(fd) != 0) ok = false;
+  return ok;
 }
 
 // Writes a decimal number without the C library's formatting (usable
@@ -201,6 +225,11 @@ std::string HumanBytes(uint64_t n) {
   return s.str();
 }
 
+// Output is read in chunks of kReadChunk, at most kReadBudget per stream
+// between two looks at the clock.
+constexpr size_t kReadChunk = 64 * 1024;
+constexpr size_t kReadBudget = 1 << 20;
+
 // Keeps the first half and the last half of `cap` bytes of a stream.
 class Capture {
  public:
@@ -222,13 +251,18 @@ class Capture {
       tail_start_ = 0;
       return;
     }
-    for (size_t i = 0; i < n; ++i) {
-      if (tail_.size() < tail_cap_) {
-        tail_.push_back(data[i]);
-      } else {
-        tail_[tail_start_] = data[i];
-        tail_start_ = (tail_start_ + 1) % tail_cap_;
-      }
+    if (tail_.size() < tail_cap_) {  // still filling the ring
+      size_t fill = std::min(n, tail_cap_ - tail_.size());
+      tail_.append(data, fill);
+      data += fill;
+      n -= fill;
+    }
+    while (n > 0) {  // overwrite the oldest bytes, in at most two copies
+      size_t chunk = std::min(n, tail_cap_ - tail_start_);
+      std::memcpy(tail_.data() + tail_start_, data, chunk);
+      tail_start_ = (tail_start_ + chunk) % tail_cap_;
+      data += chunk;
+      n -= chunk;
     }
   }
   Output Finish(const char* stream) const {
@@ -314,6 +348,93 @@ std::optional<CgroupPlace> FindCgroup(const std::string& controller) {
   return std::nullopt;
 }
 
+// ---------------------------------------------------------------------------
+// The seccomp filter bwrap installs before it starts the init (and so on
+// every command). Namespaces and an unprivileged uid do the isolating; the
+// filter closes what they leave:
+//   - setuid/setgid bits: the workspace is stored as its owner's (root, when
+//     agentvfs runs as root), so a setuid file made inside would be a
+//     setuid-root file on the host. chmod/fchmod/fchmodat(2) and
+//     open/openat/creat/mknod(at) asking for S_ISUID or S_ISGID get EPERM;
+//     openat2 (whose mode is behind a pointer) and io_uring (which can open
+//     files past this filter) get ENOSYS, and callers fall back to openat.
+//   - kernel keyrings (keyctl, add_key, request_key): ENOSYS.
+//   - any ABI but x86-64 (x32, i386): the process is killed.
+#ifndef __NR_fchmodat2
+#define __NR_fchmodat2 452
+#endif
+
+std::vector<sock_filter> SeccompProgram() {
+  std::vector<sock_filter> f;
+  auto stmt = [&](uint16_t code, uint32_t k) {
+    f.push_back(BPF_STMT(code, k));
+  };
+  auto jump = [&](uint16_t code, uint32_t k, uint8_t jt, uint8_t jf) {
+    f.push_back(BPF_JUMP(code, k, jt, jf));
+  };
+  const uint32_t kNr = offsetof(seccomp_data, nr);
+  auto arg = [](int i) {  // the low 32 bits of argument i (little endian)
+    return static_cast<uint32_t>(offsetof(seccomp_data, args) + 8 * i);
+  };
+  const uint32_t kEperm = SECCOMP_RET_ERRNO | EPERM;
+  const uint32_t kEnosys = SECCOMP_RET_ERRNO | ENOSYS;
+  stmt(BPF_LD | BPF_W | BPF_ABS, offsetof(seccomp_data, arch));
+  jump(BPF_JMP | BPF_JEQ | BPF_K, AUDIT_ARCH_X86_64, 1, 0);
+  stmt(BPF_RET | BPF_K, SECCOMP_RET_KILL_PROCESS);
+  stmt(BPF_LD | BPF_W | BPF_ABS, kNr);
+  jump(BPF_JMP | BPF_JGE | BPF_K, 0x40000000, 0, 1);  // x32
+  stmt(BPF_RET | BPF_K, SECCOMP_RET_KILL_PROCESS);
+  for (int nr :
+       {__NR_keyctl, __NR_add_key, __NR_request_key, __NR_openat2,
+        __NR_io_uring_setup, __NR_io_uring_enter, __NR_io_uring_register}) {
+    stmt(BPF_LD | BPF_W | BPF_ABS, kNr);
+    jump(BPF_JMP | BPF_JEQ | BPF_K, static_cast<uint32_t>(nr), 0, 1);
+    stmt(BPF_RET | BPF_K, kEnosys);
+  }
+  // (syscall, index of the mode argument)
+  const std::pair<int, int> mode_calls[] = {
+      {__NR_chmod, 1},     {__NR_fchmod, 1}, {__NR_fchmodat, 2},
+      {__NR_fchmodat2, 2}, {__NR_creat, 1},  {__NR_mknod, 1},
+      {__NR_mknodat, 2}};
+  for (auto [nr, mode] : mode_calls) {
+    stmt(BPF_LD | BPF_W | BPF_ABS, kNr);
+    jump(BPF_JMP | BPF_JEQ | BPF_K, static_cast<uint32_t>(nr), 0, 3);
+    stmt(BPF_LD | BPF_W | BPF_ABS, arg(mode));
+    jump(BPF_JMP | BPF_JSET | BPF_K, S_ISUID | S_ISGID, 0, 1);
+    stmt(BPF_RET | BPF_K, kEperm);
+  }
+  // (syscall, flags argument, mode argument): only when creating (O_CREAT
+  // or O_TMPFILE's own bit; not O_DIRECTORY, which O_TMPFILE includes: the
+  // mode argument of any other open is whatever the register held).
+  const uint32_t kCreating = O_CREAT | 020000000;
+  for (auto [nr, flags, mode] :
+       {std::tuple{__NR_open, 1, 2}, std::tuple{__NR_openat, 2, 3}}) {
+    stmt(BPF_LD | BPF_W | BPF_ABS, kNr);
+    jump(BPF_JMP | BPF_JEQ | BPF_K, static_cast<uint32_t>(nr), 0, 5);
+    stmt(BPF_LD | BPF_W | BPF_ABS, arg(flags));
+    jump(BPF_JMP | BPF_JSET | BPF_K, kCreating, 0, 3);
+    stmt(BPF_LD | BPF_W | BPF_ABS, arg(mode));
+    jump(BPF_JMP | BPF_JSET | BPF_K, S_ISUID | S_ISGID, 0, 1);
+    stmt(BPF_RET | BPF_K, kEperm);
+  }
+  stmt(BPF_RET | BPF_K, SECCOMP_RET_ALLOW);
+  return f;
+}
+
+// A memfd holding the program, for bwrap's --seccomp FD (read from its start).
+int SeccompFd() {
+  auto program = SeccompProgram();
+  int fd = memfd_create("agentvfs-seccomp", MFD_CLOEXEC);
+  if (fd < 0) return -1;
+  size_t bytes = program.size() * sizeof(sock_filter);
+  if (write(fd, program.data(), bytes) != static_cast<ssize_t>(bytes) ||
+      lseek(fd, 0, SEEK_SET) != 0) {
+    close(fd);
+    return -1;
+  }
+  return fd;
+}
+
 }  // namespace
 
 vfs::Result<uint64_t> ParseSize(const std::string& text) {
@@ -377,19 +498,34 @@ class Sandbox::Instance {
   ~Instance() { KillAndReap(); }
 
   pid_t bwrap_pid = -1;
-  pid_t init_pid = 0;
+  std::atomic<pid_t> init_pid{0};
   int pidfd = -1;  // of the init: signals reach it, never a reused pid
   int sock = -1;
   std::string run_dir;  // tmp/, home/ of this sandbox
   std::string pids_cgroup, memory_cgroup;
   bool memory_v2 = false;
   uint64_t pids_max = 0, memory_max = 0;  // as last written
-  bool dead = false;
+  std::atomic<bool> dead{false};
 
   void Kill() {
     std::lock_guard lock(kill_mu_);
-    if (pidfd >= 0) syscall(SYS_pidfd_send_signal, pidfd, SIGKILL, nullptr, 0);
+    if (pidfd >= 0) {
+      syscall(SYS_pidfd_send_signal, pidfd, SIGKILL, nullptr, 0);
+    } else if (bwrap_pid > 0) {
+      // Not started far enough to have an init: bwrap is our own child
+      // (unreaped, so its pid cannot be reused); without it the sandbox
+      // never starts.
+      kill(bwrap_pid, SIGKILL);
+    }
     dead = true;
+  }
+
+  // Records the init once bwrap reported it (Kill() may run meanwhile).
+  void SetInit(pid_t pid, int fd) {
+    std::lock_guard lock(kill_mu_);
+    init_pid = pid;
+    pidfd = fd;
+    if (dead) syscall(SYS_pidfd_send_signal, pidfd, SIGKILL, nullptr, 0);
   }
 
   void KillAndReap() {
@@ -521,11 +657,28 @@ vfs::Result<std::unique_ptr<Sandbox>> Sandbox::Create(SandboxOptions options) {
                 "agentvfs-sandbox-init not found next to the agentvfs binary; "
                 "build the project (scripts/build) or set "
                 "AGENTVFS_SANDBOX_INIT to its path");
+  // The session directory's parents must let the sandbox's uid through
+  // (bwrap, running as that uid, opens what it binds from there).
+  auto passable = [&sb](const std::string& dir) {
+    if (!sb->drop_) return access(dir.c_str(), W_OK | X_OK) == 0;
+    std::string path = dir;
+    while (!path.empty()) {
+      struct stat st;
+      if (stat(path.c_str(), &st) != 0 || !(st.st_mode & S_IXOTH)) return false;
+      auto slash = path.rfind('/');
+      if (slash == 0 || slash == std::string::npos) break;
+      path.resize(slash);
+    }
+    return true;
+  };
   std::string state = sb->options_.state_dir;
+  if (!state.empty() && !passable(state))
+    return Fail(EACCES, "state directory " + state +
+                            " is not usable for the sandbox (it and its "
+                            "parents must be searchable by others, o+x)");
   for (const char* var : {"XDG_RUNTIME_DIR", "TMPDIR"}) {
     if (!state.empty()) break;
-    if (const char* v = std::getenv(var); v && *v && access(v, W_OK) == 0)
-      state = v;
+    if (const char* v = std::getenv(var); v && *v && passable(v)) state = v;
   }
   if (state.empty()) state = "/tmp";
   std::string templ = state + "/agentvfs-sandbox-XXXXXX";
@@ -577,6 +730,33 @@ vfs::Result<std::unique_ptr<Sandbox>> Sandbox::Create(SandboxOptions options) {
     int err = errno;
     RemoveTree(sb->dir_);
     return Fail(err, "cannot write the sandbox's /etc files");
+  }
+  // The allowlisted host files are copied once per session (symlinks kept
+  // as symlinks), so a sandbox binds one /etc instead of one per entry:
+  // every bind is paid again by each fresh sandbox. The two directories of
+  // hundreds of symlinks are bound instead (a symlink costs about 1 ms to
+  // make on some filesystems).
+  for (const char* name : kEtcAllowlist) {
+    if (IsEtcBound(name)) {
+      std::error_code ec;
+      std::filesystem::create_directories(sb->dir_ + "/etc/" + name, ec);
+      continue;
+    }
+    std::filesystem::path src = std::string("/etc/") + name;
+    std::filesystem::path dst = sb->dir_ + "/etc/" + name;
+    std::error_code ec;
+    if (!std::filesystem::exists(std::filesystem::symlink_status(src, ec)))
+      continue;
+    std::filesystem::create_directories(dst.parent_path(), ec);
+    std::filesystem::copy(src, dst,
+                          std::filesystem::copy_options::recursive |
+                              std::filesystem::copy_options::copy_symlinks,
+                          ec);
+    if (ec) {
+      Log()->debug("not copying {} into the sandbox's /etc: {}", src.string(),
+                   ec.message());
+      std::filesystem::remove_all(dst, ec);
+    }
   }
   if (sb->options_.view != nullptr) {
     if (auto ok = sb->MountView(); !ok) {
@@ -788,7 +968,6 @@ vfs::Status Sandbox::EnsureRunning(bool* fresh) {
                                 "--unshare-cgroup-try",
                                 "--hostname",
                                 options_.hostname,
-                                "--die-with-parent",
                                 "--new-session",
                                 "--as-pid-1",
                                 "--cap-drop",
@@ -808,13 +987,11 @@ vfs::Status Sandbox::EnsureRunning(bool* fresh) {
       a.insert(a.end(), {"--ro-bind", top, top});
     }
   }
+  a.insert(a.end(), {"--ro-bind", dir_ + "/etc", "/etc"});
   for (const char* name : kEtcAllowlist) {
     std::string p = std::string("/etc/") + name;
-    if (access(p.c_str(), F_OK) == 0) a.insert(a.end(), {"--ro-bind", p, p});
-  }
-  for (const char* name : {"passwd", "group", "hosts", "hostname"}) {
-    a.insert(a.end(),
-             {"--ro-bind", dir_ + "/etc/" + name, std::string("/etc/") + name});
+    if (IsEtcBound(name) && access(p.c_str(), F_OK) == 0)
+      a.insert(a.end(), {"--ro-bind", p, p});
   }
   for (const auto& p : options_.extra_ro_binds)
     a.insert(a.end(), {"--ro-bind", p, p});
@@ -828,9 +1005,9 @@ vfs::Status Sandbox::EnsureRunning(bool* fresh) {
   } else {
     a.insert(a.end(), {"--dir", "/memories", "--dir", "/skills"});
   }
-  a.insert(a.end(),
-           {"--ro-bind", init_path_, "/.agentvfs-init", "--remount-ro", "/",
-            "--chdir", "/", "--info-fd", "4", "--", "/.agentvfs-init", "3"});
+  a.insert(a.end(), {"--ro-bind", init_path_, "/.agentvfs-init", "--remount-ro",
+                     "/", "--chdir", "/", "--seccomp", "5", "--info-fd", "4",
+                     "--", "/.agentvfs-init", "3"});
   std::vector<char*> argv;
   for (auto& s : a) argv.push_back(s.data());
   argv.push_back(nullptr);
@@ -844,6 +1021,14 @@ vfs::Status Sandbox::EnsureRunning(bool* fresh) {
   int log_fd =
       open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
   int null_fd = open("/dev/null", O_RDWR | O_CLOEXEC);
+  int seccomp_fd = SeccompFd();
+  if (seccomp_fd < 0) {
+    int err = errno;
+    for (int fd : {sp[1], info[0], info[1], log_fd, null_fd})
+      if (fd >= 0) close(fd);
+    inst->KillAndReap();
+    return Fail(err, "cannot prepare the sandbox's seccomp filter");
+  }
 
   const bool drop = drop_;
   const uid_t uid = host_uid_;
@@ -851,17 +1036,16 @@ vfs::Status Sandbox::EnsureRunning(bool* fresh) {
   pid_t pid = fork();
   if (pid < 0) {
     int err = errno;
-    close(sp[1]);
-    close(info[0]);
-    close(info[1]);
-    CloseFd(log_fd);
-    CloseFd(null_fd);
+    for (int fd : {sp[1], info[0], info[1], log_fd, null_fd, seccomp_fd})
+      if (fd >= 0) close(fd);
     inst->KillAndReap();
     return Fail(err, "fork: " + ErrText(err));
   }
   if (pid == 0) {
     // Only async-signal-safe calls from here to exec.
     setsid();
+    // A session keyring of its own: not the caller's (root's keys).
+    syscall(SYS_keyctl, KEYCTL_JOIN_SESSION_KEYRING, nullptr);
     for (const std::string* procs : {&pids_procs, &mem_procs}) {
       if (procs->empty()) continue;
       int fd = open(procs->c_str(), O_WRONLY | O_CLOEXEC);
@@ -878,16 +1062,20 @@ vfs::Status Sandbox::EnsureRunning(bool* fresh) {
     sigset_t none;
     sigemptyset(&none);
     sigprocmask(SIG_SETMASK, &none, nullptr);
+    for (int s = 1; s < NSIG; ++s) signal(s, SIG_DFL);
     dup2(null_fd, 0);
     dup2(null_fd, 1);
     dup2(log_fd >= 0 ? log_fd : null_fd, 2);
-    // fds 3 and 4: the control socket and bwrap's info pipe; every other
-    // descriptor of this process (the store's database among them) closes.
+    // fds 3, 4 and 5: the control socket, bwrap's info pipe and the seccomp
+    // program; every other descriptor of this process (the store's database
+    // among them) closes.
     int sock_fd = fcntl(sp[1], F_DUPFD_CLOEXEC, 10);
     int info_fd = fcntl(info[1], F_DUPFD_CLOEXEC, 10);
+    int filter_fd = fcntl(seccomp_fd, F_DUPFD_CLOEXEC, 10);
     dup2(sock_fd, 3);
     dup2(info_fd, 4);
-    syscall(SYS_close_range, 5, ~0U, 0);
+    dup2(filter_fd, 5);
+    syscall(SYS_close_range, 6, ~0U, 0);
     execve(argv[0][0] == '/' ? argv[0] : "/usr/bin/bwrap", argv.data(), envp);
     if (argv[0][0] != '/') {
       // Not found where Debian puts it: search PATH ourselves.
@@ -896,18 +1084,26 @@ vfs::Status Sandbox::EnsureRunning(bool* fresh) {
     _exit(127);
   }
   inst->bwrap_pid = pid;
-  close(sp[1]);
-  close(info[1]);
-  CloseFd(log_fd);
-  CloseFd(null_fd);
+  for (int fd : {sp[1], info[1], log_fd, null_fd, seccomp_fd})
+    if (fd >= 0) close(fd);
+  int info_fd = info[0];
+  // From here a Kill() (e.g. the person's Ctrl-C) reaches the starting
+  // sandbox: with no init yet, it kills bwrap.
+  Instance* ip = inst.get();
+  {
+    std::lock_guard ilock(instance_mu_);
+    instance_ = std::move(inst);
+  }
 
   auto startup_error = [&](const std::string& what) {
     std::ifstream lf(log);
     std::string text((std::istreambuf_iterator<char>(lf)),
                      std::istreambuf_iterator<char>());
     while (!text.empty() && text.back() == '\n') text.pop_back();
-    close(info[0]);
-    inst->KillAndReap();
+    CloseFd(info_fd);
+    bool stopped = ip->dead;
+    DropInstance();
+    if (stopped) return Fail(EINTR, "the sandbox was stopped while it started");
     std::string hint;
     if (access("/usr/bin/bwrap", X_OK) != 0 && options_.bwrap == "bwrap")
       hint =
@@ -926,33 +1122,48 @@ vfs::Status Sandbox::EnsureRunning(bool* fresh) {
                     deadline - Clock::now())
                     .count();
     if (left <= 0) return startup_error("bwrap did not report in 20 s");
-    pollfd p{info[0], POLLIN, 0};
-    if (poll(&p, 1, static_cast<int>(left)) < 0 && errno != EINTR)
-      return startup_error("poll");
+    pollfd p{info_fd, POLLIN, 0};
+    int r = poll(&p, 1, static_cast<int>(left));
+    if (r < 0 && errno != EINTR) return startup_error("poll");
+    if (r <= 0) continue;
     char buf[512];
-    ssize_t n = read(info[0], buf, sizeof(buf));
+    ssize_t n = read(info_fd, buf, sizeof(buf));
     if (n < 0 && errno == EINTR) continue;
     if (n <= 0) return startup_error("bwrap exited");
     info_text.append(buf, static_cast<size_t>(n));
     info_json = json::parse(info_text, nullptr, false);
-    if (info_json.is_object() && info_json.contains("child-pid")) break;
+    if (info_json.is_object() && info_json.contains("child-pid") &&
+        info_json["child-pid"].is_number_integer())
+      break;
   }
-  close(info[0]);
-  inst->init_pid = info_json["child-pid"].get<pid_t>();
-  inst->pidfd = static_cast<int>(syscall(SYS_pidfd_open, inst->init_pid, 0));
-  if (inst->pidfd < 0) return startup_error("pidfd_open: " + ErrText(errno));
+  CloseFd(info_fd);
+  pid_t init_pid = info_json["child-pid"].get<pid_t>();
+  int pidfd = static_cast<int>(syscall(SYS_pidfd_open, init_pid, 0));
+  if (pidfd < 0) return startup_error("pidfd_open: " + ErrText(errno));
+  // The pid could have been reused if the init died at once: the pidfd
+  // counts only if it names bwrap's child.
+  std::string stat =
+      ReadSmallFile("/proc/" + std::to_string(init_pid) + "/stat");
+  auto paren = stat.rfind(')');
+  long ppid = -1;
+  if (paren != std::string::npos)
+    sscanf(stat.c_str() + paren + 1, " %*c %ld", &ppid);
+  if (ppid != ip->bwrap_pid) {
+    close(pidfd);
+    return startup_error("the sandbox's first process ended at once");
+  }
+  ip->SetInit(init_pid, pidfd);
   // Then the init says it is ready.
-  pollfd p{inst->sock, POLLIN, 0};
+  pollfd p{ip->sock, POLLIN, 0};
   if (poll(&p, 1, 20000) <= 0) return startup_error("the init did not start");
   json ready;
   std::vector<int> fds;
-  int err = RecvPacket(inst->sock, &ready, &fds);
+  int err = RecvPacket(ip->sock, &ready, &fds);
   for (int fd : fds) close(fd);
-  if (err != 0 || ready.value("op", "") != "ready")
+  if (err != 0 || !ready.is_object() || ready.value("op", json()) != "ready")
     return startup_error("the init did not start (" + ErrText(err) + ")");
-  Log()->debug("sandbox {} started: init pid {}", gen, inst->init_pid);
-  std::lock_guard ilock(instance_mu_);
-  instance_ = std::move(inst);
+  if (ip->dead) return startup_error("stopped");
+  Log()->debug("sandbox {} started: init pid {}", gen, init_pid);
   return {};
 }
 
@@ -1044,7 +1255,9 @@ vfs::Result<CommandResult> Sandbox::RunLocked(const Command& cmd, int in_fd,
     }
   }
 
-  // Pipes: the command's ends go to the init; ours stay here.
+  // Pipes: the command's ends go to the init; ours stay here. stdin is a
+  // socket pair so that feeding a command that stopped reading gives EPIPE
+  // (MSG_NOSIGNAL), never a SIGPIPE that would kill this process.
   int out_p[2] = {-1, -1}, err_p[2] = {-1, -1}, in_p[2] = {-1, -1};
   auto close_all = [&] {
     for (int* p : {out_p, err_p, in_p}) {
@@ -1055,14 +1268,20 @@ vfs::Result<CommandResult> Sandbox::RunLocked(const Command& cmd, int in_fd,
   std::vector<int> send_fds;
   if (!tty) {
     if (pipe2(out_p, O_CLOEXEC) != 0 || pipe2(err_p, O_CLOEXEC) != 0) {
+      int e = errno;
       close_all();
-      return Fail(errno, "pipe: " + ErrText(errno));
+      return Fail(e, "pipe: " + ErrText(e));
     }
     if (!cmd.stdin_data.empty()) {
-      if (pipe2(in_p, O_CLOEXEC) != 0) {
+      int sv[2];
+      if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) != 0) {
+        int e = errno;
         close_all();
-        return Fail(errno, "pipe: " + ErrText(errno));
+        return Fail(e, "socketpair: " + ErrText(e));
       }
+      in_p[0] = sv[0];
+      in_p[1] = sv[1];
+      shutdown(in_p[0], SHUT_WR);  // the command's end only reads
     } else {
       in_p[0] = open("/dev/null", O_RDONLY | O_CLOEXEC);
     }
@@ -1081,38 +1300,59 @@ vfs::Result<CommandResult> Sandbox::RunLocked(const Command& cmd, int in_fd,
   }
   if (serr != 0) {
     close_all();
-    inst.Kill();
+    DropInstance();
     return Fail(EIO, "the sandbox did not take the command (" + ErrText(serr) +
-                         "); the next command starts a "
-                         "fresh sandbox");
+                         "); the next command starts a fresh sandbox");
   }
   for (int fd : {out_p[0], err_p[0], in_p[1]})
     if (fd >= 0) fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK);
 
   Capture out(limits.output_cap), err(limits.output_cap);
+  std::string err_note;  // said after the output, not counted in it
   CommandResult result;
   result.fresh_sandbox = fresh;
   size_t stdin_off = 0;
   int master = -1;
-  bool started = false, exited = false, sandbox_died = false;
+  bool master_open = false;
+  bool exited = false, sandbox_died = false, loop_failed = false;
   int status = 0;
   std::optional<vfs::Error> start_error;
   std::optional<Clock::time_point> deadline;
   if (limits.timeout_s > 0)
     deadline = start + std::chrono::microseconds(
                            static_cast<int64_t>(limits.timeout_s * 1e6));
-  char buf[65536];
+  std::vector<char> buf(kReadChunk);
 
-  auto drain = [&](int& fd, Capture& cap) {
-    while (fd >= 0) {
-      ssize_t n = read(fd, buf, sizeof(buf));
+  // Reads what `fd` has, up to `budget` bytes, so that a command writing
+  // without pause cannot keep this loop from its deadline.
+  auto drain = [&](int& fd, Capture& cap, size_t budget) {
+    while (fd >= 0 && budget > 0) {
+      ssize_t n = read(fd, buf.data(), std::min(buf.size(), budget));
       if (n > 0) {
-        cap.Add(buf, static_cast<size_t>(n));
+        cap.Add(buf.data(), static_cast<size_t>(n));
+        budget -= static_cast<size_t>(n);
         continue;
       }
       if (n < 0 && errno == EINTR) continue;
       if (n == 0 || errno != EAGAIN) CloseFd(fd);
       return;
+    }
+  };
+  // After the command ended: what is already in the pipe, and no more
+  // (a process it left in the background may go on writing, unheard).
+  auto drain_buffered = [&](int& fd, Capture& cap) {
+    int pending = 0;
+    if (fd >= 0 && ioctl(fd, FIONREAD, &pending) == 0 && pending > 0)
+      drain(fd, cap, static_cast<size_t>(pending));
+  };
+  auto relay = [](int to, const char* data, size_t n) {
+    // The person's terminal, or the sandbox's: short blocking writes.
+    while (n > 0) {
+      ssize_t w = write(to, data, n);
+      if (w < 0 && errno == EINTR) continue;
+      if (w <= 0) return;
+      data += w;
+      n -= static_cast<size_t>(w);
     }
   };
 
@@ -1121,20 +1361,17 @@ vfs::Result<CommandResult> Sandbox::RunLocked(const Command& cmd, int in_fd,
     p.push_back({inst.sock, POLLIN, 0});
     int i_out = -1, i_err = -1, i_in = -1, i_master = -1, i_tin = -1,
         i_winch = -1;
-    if (out_p[0] >= 0)
-      i_out = static_cast<int>(p.size()), p.push_back({out_p[0], POLLIN, 0});
-    if (err_p[0] >= 0)
-      i_err = static_cast<int>(p.size()), p.push_back({err_p[0], POLLIN, 0});
-    if (in_p[1] >= 0)
-      i_in = static_cast<int>(p.size()), p.push_back({in_p[1], POLLOUT, 0});
-    if (master >= 0) {
-      i_master = static_cast<int>(p.size());
-      p.push_back({master, POLLIN, 0});
-      if (in_fd >= 0)
-        i_tin = static_cast<int>(p.size()), p.push_back({in_fd, POLLIN, 0});
-      if (winch_fd >= 0)
-        i_winch = static_cast<int>(p.size()),
-        p.push_back({winch_fd, POLLIN, 0});
+    auto add = [&](int fd, short events) {
+      p.push_back({fd, events, 0});
+      return static_cast<int>(p.size() - 1);
+    };
+    if (out_p[0] >= 0) i_out = add(out_p[0], POLLIN);
+    if (err_p[0] >= 0) i_err = add(err_p[0], POLLIN);
+    if (in_p[1] >= 0) i_in = add(in_p[1], POLLOUT);
+    if (master_open) {
+      i_master = add(master, POLLIN);
+      if (in_fd >= 0) i_tin = add(in_fd, POLLIN);
+      if (winch_fd >= 0) i_winch = add(winch_fd, POLLIN);
     }
     int timeout_ms = -1;
     if (deadline) {
@@ -1144,78 +1381,90 @@ vfs::Result<CommandResult> Sandbox::RunLocked(const Command& cmd, int in_fd,
       timeout_ms = static_cast<int>(std::max<int64_t>(0, left + 1));
     }
     int r = poll(p.data(), p.size(), timeout_ms);
-    if (r < 0) {
-      if (errno == EINTR) continue;
+    if (r < 0 && errno != EINTR) {
+      loop_failed = true;
       break;
     }
     if (deadline && Clock::now() >= *deadline) {
       result.timed_out = true;
       break;
     }
+    if (r <= 0) continue;
     if (p[0].revents) {
       json msg;
       std::vector<int> fds;
       int e = RecvPacket(inst.sock, &msg, &fds);
-      if (e == EAGAIN || e == EINTR) continue;
+      if (e == EAGAIN || e == EINTR || e == EBADMSG) {
+        for (int fd : fds) close(fd);
+        continue;
+      }
       if (e != 0) {
         for (int fd : fds) close(fd);
         sandbox_died = true;
         break;
       }
-      std::string op = msg.value("op", "");
-      if (msg.value("id", uint64_t{0}) != id) {
+      auto number = [&msg](const char* key, int64_t fallback) {
+        auto it = msg.find(key);
+        return it != msg.end() && it->is_number_integer() ? it->get<int64_t>()
+                                                          : fallback;
+      };
+      auto it = msg.find("op");
+      std::string op =
+          it != msg.end() && it->is_string() ? it->get<std::string>() : "";
+      if (number("id", -1) != static_cast<int64_t>(id)) {
         for (int fd : fds) close(fd);
         continue;
       }
       if (op == "started") {
-        started = true;
         if (tty && !fds.empty()) {
           master = fds[0];
+          master_open = true;
           fds.erase(fds.begin());
         }
       } else if (op == "failed") {
-        start_error = vfs::Error{msg.value("errno", EIO),
-                                 msg.value("message", "cannot start")};
+        auto m = msg.find("message");
+        start_error = vfs::Error{static_cast<int>(number("errno", EIO)),
+                                 m != msg.end() && m->is_string()
+                                     ? m->get<std::string>()
+                                     : "cannot start the command"};
       } else if (op == "exited") {
-        status = msg.value("status", 0);
+        status = static_cast<int>(number("status", 0));
         exited = true;
       }
       for (int fd : fds) close(fd);
     }
-    if (i_out >= 0 && p[i_out].revents) drain(out_p[0], out);
-    if (i_err >= 0 && p[i_err].revents) drain(err_p[0], err);
+    if (i_out >= 0 && p[i_out].revents) drain(out_p[0], out, kReadBudget);
+    if (i_err >= 0 && p[i_err].revents) drain(err_p[0], err, kReadBudget);
     if (i_in >= 0 && p[i_in].revents) {
-      if (p[i_in].revents & (POLLERR | POLLHUP)) {
+      ssize_t n = send(in_p[1], cmd.stdin_data.data() + stdin_off,
+                       cmd.stdin_data.size() - stdin_off, MSG_NOSIGNAL);
+      if (n > 0) stdin_off += static_cast<size_t>(n);
+      if ((n < 0 && errno != EAGAIN && errno != EINTR) ||
+          stdin_off == cmd.stdin_data.size())
         CloseFd(in_p[1]);
-      } else {
-        ssize_t n = write(in_p[1], cmd.stdin_data.data() + stdin_off,
-                          cmd.stdin_data.size() - stdin_off);
-        if (n > 0) stdin_off += static_cast<size_t>(n);
-        if ((n < 0 && errno != EAGAIN && errno != EINTR) ||
-            stdin_off == cmd.stdin_data.size())
-          CloseFd(in_p[1]);
-      }
     }
     if (i_master >= 0 && p[i_master].revents) {
-      ssize_t n = read(master, buf, sizeof(buf));
+      ssize_t n = read(master, buf.data(), buf.size());
       if (n > 0 && out_fd >= 0) {
-        ssize_t ignored = write(out_fd, buf, static_cast<size_t>(n));
-        (void)ignored;
-      } else if (n <= 0 && errno != EINTR && errno != EAGAIN) {
-        // EIO once the terminal's last process closed it.
+        relay(out_fd, buf.data(), static_cast<size_t>(n));
+      } else if (n == 0 || (n < 0 && errno != EINTR && errno != EAGAIN)) {
+        master_open = false;  // EIO: the terminal's last user closed it
       }
     }
     if (i_tin >= 0 && p[i_tin].revents) {
-      ssize_t n = read(in_fd, buf, sizeof(buf));
+      ssize_t n = read(in_fd, buf.data(), buf.size());
       if (n > 0) {
-        ssize_t ignored = write(master, buf, static_cast<size_t>(n));
-        (void)ignored;
+        relay(master, buf.data(), static_cast<size_t>(n));
       } else if (n == 0 || (errno != EINTR && errno != EAGAIN)) {
-        in_fd = -1;  // the person's side closed: stop reading it
+        // The person's side is gone: hang up the sandbox's terminal, as
+        // closing a terminal window does (the shell gets SIGHUP).
+        in_fd = -1;
+        CloseFd(master);
+        master_open = false;
       }
     }
     if (i_winch >= 0 && p[i_winch].revents) {
-      char b[64];
+      char b[256];
       ssize_t ignored = read(winch_fd, b, sizeof(b));
       (void)ignored;
       winsize ws{};
@@ -1229,45 +1478,45 @@ vfs::Result<CommandResult> Sandbox::RunLocked(const Command& cmd, int in_fd,
     CloseFd(master);
     return std::unexpected(*start_error);
   }
-  if (result.timed_out || sandbox_died) {
+  if (result.timed_out || sandbox_died || loop_failed) {
     // Every process of the sandbox goes: the pid namespace ends with its
     // init. What they wrote so far is kept.
+    int poll_errno = errno;
     DropInstance();
     result.signal = SIGKILL;
-    drain(out_p[0], out);
-    drain(err_p[0], err);
-    if (sandbox_died && !result.timed_out) {
-      std::string note =
-          "\n[the sandbox was killed; the next command starts a fresh one]\n";
-      err.Add(note.data(), note.size());
+    drain_buffered(out_p[0], out);
+    drain_buffered(err_p[0], err);
+    if (loop_failed) {
+      close_all();
+      CloseFd(master);
+      return Fail(EIO, "waiting for the command failed (" +
+                           ErrText(poll_errno) + "); the sandbox was stopped");
     }
+    if (sandbox_died && !result.timed_out)
+      err_note =
+          "\n[the sandbox was killed; the next command starts a "
+          "fresh one]\n";
   } else {
-    // What the command wrote before it exited is in the pipes; processes it
-    // left in the background may go on writing, unheard.
-    drain(out_p[0], out);
-    drain(err_p[0], err);
+    drain_buffered(out_p[0], out);
+    drain_buffered(err_p[0], err);
     if (master >= 0) {
       fcntl(master, F_SETFL, fcntl(master, F_GETFL) | O_NONBLOCK);
       ssize_t n;
-      while ((n = read(master, buf, sizeof(buf))) > 0 && out_fd >= 0) {
-        ssize_t ignored = write(out_fd, buf, static_cast<size_t>(n));
-        (void)ignored;
-      }
+      while ((n = read(master, buf.data(), buf.size())) > 0 && out_fd >= 0)
+        relay(out_fd, buf.data(), static_cast<size_t>(n));
     }
     if (WIFEXITED(status)) result.exit_code = WEXITSTATUS(status);
     if (WIFSIGNALED(status)) result.signal = WTERMSIG(status);
-    if (instance_->OomKills() > oom_before) {
-      std::string note =
-          "\n[memory limit reached: the kernel killed a process of the "
-          "sandbox]\n";
-      err.Add(note.data(), note.size());
-    }
+    if (instance_ && instance_->OomKills() > oom_before)
+      err_note =
+          "\n[memory limit reached: the kernel killed a process of "
+          "the sandbox]\n";
   }
-  (void)started;
   close_all();
   CloseFd(master);
   result.out = out.Finish("stdout");
   result.err = err.Finish("stderr");
+  result.err.text += err_note;
   return result;
 }
 
@@ -1303,12 +1552,22 @@ void Sandbox::Close() {
 
 pid_t Sandbox::init_pid() const {
   std::lock_guard lock(instance_mu_);
-  return instance_ ? instance_->init_pid : 0;
+  return instance_ ? instance_->init_pid.load() : 0;
 }
 
 bool Sandbox::has_pids_cgroup() const {
   std::lock_guard lock(instance_mu_);
   return instance_ && !instance_->pids_cgroup.empty();
+}
+
+std::vector<std::string> Sandbox::cgroup_dirs() const {
+  std::lock_guard lock(instance_mu_);
+  std::vector<std::string> dirs;
+  if (instance_) {
+    for (const auto& d : {instance_->pids_cgroup, instance_->memory_cgroup})
+      if (!d.empty()) dirs.push_back(d);
+  }
+  return dirs;
 }
 
 bool Sandbox::has_memory_cgroup() const {

@@ -162,6 +162,8 @@ class Sandbox {
   // the whole sandbox by a memory cgroup (else per-process rlimits only).
   bool has_pids_cgroup() const;
   bool has_memory_cgroup() const;
+  // The running sandbox's cgroup directories (empty when none), for tests.
+  std::vector<std::string> cgroup_dirs() const;
 
   class Instance;  // one running bwrap sandbox
 

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 #include <poll.h>
 #include <pty.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -29,6 +30,9 @@ class SandboxCliTest : public ::testing::Test {
     ASSERT_TRUE(store.has_value()) << store.error().message;
     store_ = std::move(*store);
     ws_ = std::make_unique<testing::TempDir>("agentvfs-exec-ws");
+    state_ = std::make_unique<testing::TempDir>("agentvfs-exec-state");
+    // Searchable by the sandbox's uid, as /tmp or /run/user/UID are.
+    chmod(state_->path().c_str(), 0711);
   }
   std::vector<std::string> Args(const std::string& cmd) {
     return {AGENTVFS_BINARY, cmd,
@@ -42,21 +46,35 @@ class SandboxCliTest : public ::testing::Test {
     argv.insert(argv.end(), flags.begin(), flags.end());
     argv.push_back("--");
     argv.insert(argv.end(), command.begin(), command.end());
-    return RunCommand(argv);
+    // Session directories go to a directory of this test's own.
+    return RunCommand(
+        argv, CommandOptions{.env = {{"XDG_RUNTIME_DIR", state_->path()}}});
   }
-  static size_t SessionDirs() {
+  size_t SessionDirs() {
     size_t n = 0;
-    auto names = testing::ListDir("/tmp");
+    auto names = testing::ListDir(state_->path());
     for (const auto& e : names.value_or(std::vector<std::string>{}))
       if (e.rfind("agentvfs-sandbox-", 0) == 0) ++n;
     return n;
   }
   std::unique_ptr<testing::StoreFixture> store_;
   std::unique_ptr<testing::TempDir> ws_;
+  std::unique_ptr<testing::TempDir> state_;
 };
 
 TEST_F(SandboxCliTest, ExecPassesOutputAndExitCodeAndLeavesNothing) {
+  // While a command runs, its session directory is in $XDG_RUNTIME_DIR
+  // (so counting there afterwards means something).
+  auto argv = Args("exec");
+  argv.insert(argv.end(), {"--", "sleep", "2"});
+  argv.insert(
+      argv.begin(),
+      {"sh", "-c", "\"$@\" & sleep 1; ls \"$XDG_RUNTIME_DIR\"; wait", "sh"});
+  auto during = RunCommand(
+      argv, CommandOptions{.env = {{"XDG_RUNTIME_DIR", state_->path()}}});
+  EXPECT_THAT(during.output, HasSubstr("agentvfs-sandbox-"));
   size_t before = SessionDirs();
+  EXPECT_EQ(before, 0u);
   auto r = Exec({"sh", "-c",
                  "echo hello > /workspace/h.txt; echo mem > "
                  "/memories/users/dev/m.md; cat /memories/users/dev/m.md; "
@@ -137,7 +155,7 @@ TEST_F(SandboxCliTest, ShellGivesAPersonATerminalInsideTheSandbox) {
   EXPECT_EQ(WEXITSTATUS(status), 5) << seen;
   EXPECT_THAT(seen, HasSubstr("/dev/pts/"));  // a terminal of its own
   EXPECT_THAT(seen, HasSubstr("agent"));
-  EXPECT_THAT(seen, HasSubstr("dev"));
+  EXPECT_THAT(seen, HasSubstr("\ndev\r"));  // ls /memories/users
   EXPECT_EQ(testing::ReadFile(ws_->Sub("from-shell")), "typed\n");
 }
 

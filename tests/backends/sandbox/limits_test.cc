@@ -5,6 +5,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <chrono>
 #include <thread>
 
@@ -24,11 +25,24 @@ TEST_F(SandboxTest, TheTimeoutKillsEveryProcessIncludingDoubleForkedOnes) {
   // A background child, a double-forked daemon in its own session, a
   // process that ignores SIGTERM and SIGHUP, and the foreground waiting.
   auto start = std::chrono::steady_clock::now();
+  // Watches the processes while the command runs: they must exist (else the
+  // test proves nothing) before the timeout takes them.
+  std::atomic<size_t> most{0};
+  std::atomic<bool> done{false};
+  std::thread watcher([&] {
+    while (!done) {
+      most = std::max(most.load(), ProcessesWith(m).size());
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+  });
   auto r = Sh("sh -c 'sleep 1000; true " + m + "-bg' & " +
                   "(setsid sh -c 'sleep 1000; true " + m + "-daemon' &) ; " +
                   "sh -c 'trap \"\" TERM HUP; sleep 1000; true " + m +
                   "-stubborn' & " + "echo started; sleep 1000; true " + m,
               l);
+  done = true;
+  watcher.join();
+  EXPECT_GE(most.load(), 4u);  // background, daemon, stubborn, foreground
   double took =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start)
           .count();
@@ -82,6 +96,22 @@ TEST_F(SandboxTest, TheMemoryLimitStopsAnAllocation) {
       << r.Describe();
   auto fine = Sh("python3 -c 'x = bytearray(64 << 20); print(len(x))'", l);
   EXPECT_EQ(fine.out.text, "67108864\n") << fine.err.text;
+}
+
+TEST_F(SandboxTest, TheMemoryLimitCoversTheWholeSandbox) {
+  // Three processes, each under the per-process limit, together over it:
+  // the sandbox's memory cgroup stops them.
+  sandbox::Limits l = TestLimits();
+  l.memory = 256ull << 20;
+  MakeSandbox(l);
+  ASSERT_TRUE(sandbox_->Start().has_value());
+  ASSERT_TRUE(sandbox_->has_memory_cgroup());
+  auto r = Sh(
+      "for i in 1 2 3; do python3 -c 'import time; x = bytearray(150 << 20); "
+      "time.sleep(3); print(\"kept\")' & done; wait",
+      l);
+  EXPECT_THAT(r.err.text, HasSubstr("memory limit reached")) << r.out.text;
+  EXPECT_NE(r.out.text, "kept\nkept\nkept\n");
 }
 
 TEST_F(SandboxTest, TheProcessLimitStopsAForkBomb) {

@@ -7,10 +7,11 @@
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <fstream>
-#include <regex>
+#include <sstream>
 
 #include "tests/backends/sandbox/sandbox_fixture.h"
 #include "tests/support/result_matchers.h"
@@ -53,8 +54,10 @@ class SecurityTest : public SandboxTest,
     socklen_t len = sizeof(a);
     getsockname(listener_, reinterpret_cast<sockaddr*>(&a), &len);
     port_ = ntohs(a.sin_port);
+    // The token is in this process's environment while the sandbox starts.
     setenv("AGENTVFS_TOKEN", store_->token("alice").c_str(), 1);
     MakeSandbox(TestLimits());
+    ASSERT_TRUE(sandbox_->Start().has_value());
     unsetenv("AGENTVFS_TOKEN");
   }
   void TearDown() override {
@@ -87,6 +90,10 @@ class SecurityTest : public SandboxTest,
   "  socket.create_connection(('" host "', " port \
   "), timeout=3)\n"                               \
   "except OSError: sys.exit(1)\n\""
+#define PY_MOUNT(call)                         \
+  "python3 -c \"import ctypes,sys\n"           \
+  "libc = ctypes.CDLL(None, use_errno=True)\n" \
+  "sys.exit(0 if libc." call " == 0 else 1)\""
 #define PY_PTRACE(pid)                         \
   "python3 -c \"import ctypes,sys\n"           \
   "libc = ctypes.CDLL(None, use_errno=True)\n" \
@@ -112,10 +119,16 @@ const Attempt kAttempts[] = {
      "'sandbox[_]test' || exit 1"},
     {"PtraceAHostProcess", PY_PTRACE("{HOSTPID}") " || exit 1"},
     {"PtraceTheSandboxInit", PY_PTRACE("1") " || exit 1"},
-    {"MountATmpfs", "mount -t tmpfs none /tmp 2>/dev/null || exit 1"},
+    // The syscalls themselves (mount(8) refuses a non-root uid before
+    // asking the kernel).
+    {"MountATmpfs",
+     PY_MOUNT("mount(b'none', b'/tmp', b'tmpfs', 0, None)") " || exit 1"},
     {"UnmountTheView",
-     "umount /memories 2>/dev/null || umount -l /skills 2>/dev/null || "
-     "umount /workspace 2>/dev/null || exit 1"},
+     PY_MOUNT("umount2(b'/memories', 2)") " || " PY_MOUNT(
+         "umount2(b'/skills', 0)") " || " PY_MOUNT("umount2(b'/workspace', "
+                                                   "2)") " || exit 1"},
+    {"RemountTheSystemWritable",
+     PY_MOUNT("mount(None, b'/usr', None, 0x20 | 0x1000, None)") " || exit 1"},
     {"MakeAUserNamespace",
      "unshare -U -r true 2>/dev/null || unshare -m true 2>/dev/null || exit 1"},
     {"WriteSystemDirectories",
@@ -130,6 +143,19 @@ const Attempt kAttempts[] = {
      "cat /memories/users/bob/secret.md 2>/dev/null || "
      "ls /memories/users | grep -q bob || "
      "grep -rqs \"bob's secret\" /memories || exit 1"},
+    {"MakeASetuidFile",
+     "cp /bin/sh /workspace/suid; chmod 4755 /workspace/suid 2>/dev/null; "
+     "chmod g+s /workspace/suid 2>/dev/null; test -u /workspace/suid || "
+     "test -g /workspace/suid || python3 -c \"import os,sys\n"
+     "fd = os.open('/workspace/suid2', os.O_CREAT | os.O_WRONLY, 0o6755)\n"
+     "sys.exit(0 if os.stat(fd).st_mode & 0o6000 else 1)\" 2>/dev/null || "
+     "exit 1"},
+    {"UseTheKernelKeyrings",
+     "python3 -c \"import ctypes,sys\n"
+     "libc = ctypes.CDLL(None, use_errno=True)\n"
+     "sys.exit(0 if libc.syscall(250, 0, -3, 0) > 0 else 1)\" || exit 1"},
+    {"SeeANetworkInterfaceButLoopback",
+     "tail -n +3 /proc/net/dev | grep -v '^ *lo:' | grep -q : || exit 1"},
     {"ReachTheHostsLoopback", PY_CONNECT("127.0.0.1", "{PORT}") " || exit 1"},
     {"ReachTheInternetByAddress", PY_CONNECT("1.1.1.1", "53") " || exit 1"},
     {"ResolveANameByDns",
@@ -144,6 +170,17 @@ TEST_P(SecurityTest, IsStopped) {
   EXPECT_EQ(r.exit_code, 1) << GetParam().name << " was not stopped ("
                             << r.Describe() << "): " << script << "\n"
                             << r.out.text << r.err.text;
+  // Seen from the host as well: no setuid or setgid file in the workspace,
+  // and no token in the environment of the sandbox's first process.
+  for (const char* name : {"suid", "suid2"}) {
+    struct stat st;
+    if (stat((workspace_ + "/" + name).c_str(), &st) == 0)
+      EXPECT_EQ(st.st_mode & 06000, 0u) << name;
+  }
+  std::string environ = ReadHostFile(
+      "/proc/" + std::to_string(sandbox_->init_pid()) + "/environ");
+  EXPECT_EQ(environ.find(store_->token("alice")), std::string::npos);
+  EXPECT_EQ(environ.find("AGENTVFS"), std::string::npos);
 }
 
 INSTANTIATE_TEST_SUITE_P(FromInsideTheSandbox, SecurityTest,
@@ -202,9 +239,30 @@ TEST_F(SandboxTest, TheSameSnippetsSucceedWhereAllowed) {
        "socket.create_connection(s.getsockname(), timeout=3)\""},
       {"ptrace a child of one's own",
        "sleep 5 & " PY_PTRACE("$!") "; r=$?; kill $!; exit $r"},
+      {"start a process that outlives the command",
+       "(setsid sleep 30 > /dev/null 2>&1 & echo $! > /tmp/sibling)"},
+      {"ptrace a process that is not one's descendant",
+       PY_PTRACE("$(cat /tmp/sibling)")},
+      {"chmod and create with ordinary modes",
+       "touch /workspace/plain && chmod 755 /workspace/plain && "
+       "test -x /workspace/plain && python3 -c \"import os\n"
+       "os.close(os.open('/workspace/plain2', os.O_CREAT | os.O_WRONLY, "
+       "0o755))\" && test -x /workspace/plain2 && ls / > /dev/null"},
       {"resolve localhost", "getent hosts localhost > /dev/null"},
   };
   MakeSandbox(TestLimits());
+  // The host itself has an interface besides loopback (so the sandbox's
+  // lack of one means something).
+  std::istringstream dev(ReadHostFile("/proc/net/dev"));
+  bool other_interface = false;
+  for (std::string line; std::getline(dev, line);) {
+    auto colon = line.find(':');
+    if (colon == std::string::npos) continue;
+    std::string name = line.substr(0, colon);
+    name.erase(0, name.find_first_not_of(' '));
+    if (name != "lo") other_interface = true;
+  }
+  EXPECT_TRUE(other_interface);
   for (const auto& c : controls) {
     auto r = Sh(c.script);
     EXPECT_EQ(r.exit_code, 0) << c.name << ": " << r.out.text << r.err.text;
