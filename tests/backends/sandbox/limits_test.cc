@@ -145,3 +145,27 @@ TEST_F(SandboxTest, TheFileSizeLimitStopsAGrowingFile) {
 
 }  // namespace
 }  // namespace agentvfs::testing
+
+namespace agentvfs::testing {
+namespace {
+
+TEST_F(SandboxTest, AnOutputFloodCannotHoldOffTheTimeout) {
+  sandbox::Limits l = TestLimits();
+  l.timeout_s = 1;
+  l.output_cap = 4096;
+  auto r = Sh("yes flood", l);
+  EXPECT_TRUE(r.timed_out);
+  EXPECT_LT(r.seconds, 5.0);
+  EXPECT_GT(r.out.total, 4096u);
+  EXPECT_LE(r.out.text.size(), 4096u + 200u);  // what was kept, and the note
+  // A command that exits while a child it left floods its stdout returns
+  // at once with what was written up to then.
+  auto left = Sh("(yes left-behind &); echo done", l);
+  EXPECT_FALSE(left.timed_out);
+  EXPECT_EQ(left.exit_code, 0);
+  EXPECT_LT(left.seconds, 1.0);
+  sandbox_->Kill();
+}
+
+}  // namespace
+}  // namespace agentvfs::testing
