@@ -435,6 +435,78 @@ int SeccompFd() {
   return fd;
 }
 
+// "PID STARTTIME" of this process: who owns a session directory. The start
+// time (field 22 of /proc/PID/stat) tells a live owner from a reused pid.
+std::string ProcessStamp(pid_t pid) {
+  std::string stat = ReadSmallFile("/proc/" + std::to_string(pid) + "/stat");
+  auto paren = stat.rfind(')');
+  if (paren == std::string::npos) return {};
+  std::istringstream fields(stat.substr(paren + 2));
+  std::string f;
+  for (int i = 3; i <= 22 && fields >> f; ++i) {
+    if (i == 22) return std::to_string(pid) + " " + f;
+  }
+  return {};
+}
+
+// Session directories under `state` whose owning process is gone (killed
+// with -9, say): their view and workspace mounts are detached, their
+// cgroups and the directory removed. Only directories this process's uid
+// (or, as root, a sandbox uid) owns are touched, mounts are never looked
+// up through symlinks, and removal never leaves the directory's mount.
+void SweepStaleSessions(const std::string& state) {
+  DIR* d = opendir(state.c_str());
+  if (d == nullptr) return;
+  std::vector<std::string> stale;
+  const bool root = geteuid() == 0;
+  while (dirent* e = readdir(d)) {
+    std::string name = e->d_name;
+    if (name.rfind("agentvfs-sandbox-", 0) != 0) continue;
+    std::string dir = state + "/" + name;
+    struct stat st;
+    if (lstat(dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) continue;
+    bool ours = st.st_uid == geteuid() || (root && st.st_uid >= kHostIdBase &&
+                                           st.st_uid < kHostIdBase + 65536u);
+    if (!ours) continue;
+    int fd = open((dir + "/owner").c_str(), O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
+    if (fd < 0) continue;  // being made right now, or not ours
+    char buf[64] = {};
+    ssize_t n = read(fd, buf, sizeof(buf) - 1);
+    close(fd);
+    if (n <= 0) continue;
+    std::string stamp(buf, static_cast<size_t>(n));
+    while (!stamp.empty() && stamp.back() == '\n') stamp.pop_back();
+    pid_t pid = static_cast<pid_t>(atol(stamp.c_str()));
+    if (pid <= 0 || ProcessStamp(pid) == stamp) continue;  // still alive
+    stale.push_back(dir);
+    // The cgroups of its sandboxes, by name.
+    for (const char* controller : {"pids", "memory"}) {
+      auto place = FindCgroup(controller);
+      if (!place) continue;
+      std::string prefix = "agentvfs-sandbox-" + std::to_string(pid) + "-";
+      if (DIR* cg = opendir(place->dir.c_str())) {
+        while (dirent* ce = readdir(cg)) {
+          if (std::string(ce->d_name).rfind(prefix, 0) == 0)
+            rmdir((place->dir + "/" + ce->d_name).c_str());
+        }
+        closedir(cg);
+      }
+    }
+  }
+  closedir(d);
+  for (const auto& dir : stale) {
+    Log()->info("removing the stale sandbox session {} (its process is gone)",
+                dir);
+    for (const char* m : {"/view", "/ws"}) {
+      std::string point = dir + m;
+      if (umount2(point.c_str(), MNT_DETACH | UMOUNT_NOFOLLOW) != 0 &&
+          errno == EPERM)
+        UnmountLazily(point);  // a user's FUSE mount: fusermount3
+    }
+    RemoveTree(dir);
+  }
+}
+
 }  // namespace
 
 vfs::Result<uint64_t> ParseSize(const std::string& text) {
@@ -681,12 +753,20 @@ vfs::Result<std::unique_ptr<Sandbox>> Sandbox::Create(SandboxOptions options) {
     if (const char* v = std::getenv(var); v && *v && passable(v)) state = v;
   }
   if (state.empty()) state = "/tmp";
+  SweepStaleSessions(state);
   std::string templ = state + "/agentvfs-sandbox-XXXXXX";
   if (mkdtemp(templ.data()) == nullptr)
     return Fail(errno, "cannot make a session directory in " + state + ": " +
                            ErrText(errno));
   sb->dir_ = templ;
   chmod(sb->dir_.c_str(), 0700);
+  // Who owns it, for the sweep of a later session should this process die
+  // without cleaning up.
+  if (!WriteFile(sb->dir_ + "/owner", ProcessStamp(getpid()) + "\n")) {
+    int err = errno;
+    RemoveTree(sb->dir_);
+    return Fail(err, "cannot write to the session directory " + sb->dir_);
+  }
   if (sb->drop_) {
     // The sandbox's host uid must reach what bwrap binds: the session
     // directory becomes its own, with a link to (or copy of) the init.

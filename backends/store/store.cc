@@ -1238,6 +1238,21 @@ Result<std::unique_ptr<vfs::FileHandle>> StoreBackend::Open(const Caller& c,
     return std::unexpected(e);
   };
   if (created) node->created = true;
+  if (!node->draft && !created) {
+    // Another handle of this session may have committed (and let its draft
+    // go) since the transaction above read the file: no other session can,
+    // as this one holds the lease, and this session's commits need
+    // node->mu. So the file as it is now is the draft's base.
+    Inode current;
+    auto fresh = engine_->Read([&](Txn& txn) -> Status {
+      TRY_ASSIGN(now_inode, LoadInode(txn, inode.ino));
+      if (!now_inode) return Fail(ENOENT, "the file was removed while opened");
+      current = *now_inode;
+      return {};
+    });
+    if (!fresh) return undo(fresh.error());
+    inode = current;
+  }
   if (!node->draft) {
     auto draft = std::make_unique<Draft>(impl_->scratch_);
     if (!(flags & O_TRUNC) && !created) {

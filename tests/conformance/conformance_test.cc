@@ -14,6 +14,7 @@
 #include <cstdio>
 #include <cstring>
 #include <map>
+#include <mutex>
 #include <random>
 #include <set>
 #include <string>
@@ -288,23 +289,31 @@ TEST_P(ConformanceTest, TwoAppendersInterleaveWithoutLoss) {
     return std::string(buf, kRecordSize);
   };
   std::atomic<int> failures{0};
+  std::mutex errors_mu;
+  std::string errors;  // what failed, for the report
+  auto fail = [&](const std::string& what) {
+    ++failures;
+    std::lock_guard lock(errors_mu);
+    errors += what + "\n";
+  };
   auto append = [&](int writer) {
     auto fd = fs().Open("log", O_WRONLY | O_APPEND);
-    if (!fd) {
-      ++failures;
-      return;
-    }
+    if (!fd) return fail("open: " + fd.error().ToString());
     for (int i = 0; i < kRecords; ++i) {
       std::string r = record(writer, i);
       auto n = fs().Write(*fd, r.data(), r.size());
-      if (!n || *n != r.size()) ++failures;
+      if (!n)
+        fail("write: " + n.error().ToString());
+      else if (*n != r.size())
+        fail("short write");
     }
-    if (!fs().Close(*fd)) ++failures;
+    if (auto closed = fs().Close(*fd); !closed)
+      fail("close: " + closed.error().ToString());
   };
   std::thread t1(append, 1), t2(append, 2);
   t1.join();
   t2.join();
-  ASSERT_EQ(failures.load(), 0);
+  ASSERT_EQ(failures.load(), 0) << errors;
 
   ASSERT_OK_AND_ASSIGN(std::string log, ReadFile(fs(), "log"));
   ASSERT_EQ(log.size(), 2 * kRecords * kRecordSize)

@@ -6,12 +6,15 @@
 #include <signal.h>
 #include <sys/mount.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <thread>
 
 #include "tests/backends/sandbox/sandbox_fixture.h"
+#include "tests/support/files.h"
 
 namespace agentvfs::testing {
 namespace {
@@ -103,6 +106,70 @@ TEST_F(SandboxTest, TheSandboxCanBeStartedAheadOfTheFirstCommand) {
   ASSERT_TRUE(sandbox_->Start().has_value());
   EXPECT_GT(sandbox_->init_pid(), 0);
   EXPECT_FALSE(Sh("true").fresh_sandbox);
+}
+
+}  // namespace
+}  // namespace agentvfs::testing
+
+namespace agentvfs::testing {
+namespace {
+
+// A harness killed with -9 leaves its view mounted and its session
+// directory behind (its sandbox dies with the control socket); the next
+// session made in the same place clears them.
+TEST_F(SandboxTest, ASessionWhoseProcessDiedIsClearedByTheNext) {
+  TempDir state("agentvfs-sweep");
+  chmod(state.path().c_str(), 0711);
+  std::string m = Marker();
+  std::string script = "(setsid sh -c 'sleep 1000; true " + m +
+                       "' > /dev/null 2>&1 &); sleep 1000";
+  pid_t child = fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    setenv("XDG_RUNTIME_DIR", state.path().c_str(), 1);
+    execl(AGENTVFS_BINARY, AGENTVFS_BINARY, "exec", "--workspace",
+          workspace_.c_str(), "--store", store_->db().c_str(), "--token-file",
+          store_->TokenFile("alice").c_str(), "--", "sh", "-c", script.c_str(),
+          static_cast<char*>(nullptr));
+    _exit(127);
+  }
+  // The marker is in the command line of `agentvfs exec` itself too: wait
+  // for a process of the sandbox that has it.
+  auto in_sandbox = [&] {
+    auto pids = ProcessesWith(m);
+    return std::count_if(pids.begin(), pids.end(),
+                         [&](pid_t p) { return p != child; });
+  };
+  for (int i = 0; i < 500 && in_sandbox() == 0; ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  ASSERT_GT(in_sandbox(), 0) << "the sandbox did not start";
+  ASSERT_EQ(kill(child, SIGKILL), 0);
+  int status;
+  waitpid(child, &status, 0);
+  std::string dir;
+  for (const auto& name :
+       ListDir(state.path()).value_or(std::vector<std::string>{}))
+    if (name.rfind("agentvfs-sandbox-", 0) == 0) dir = state.Sub(name);
+  ASSERT_FALSE(dir.empty());
+  // Its sandbox is gone with it; its mounts are not.
+  for (int i = 0; i < 250 && !ProcessesWith(m).empty(); ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  EXPECT_TRUE(ProcessesWith(m).empty());
+  EXPECT_FALSE(MountsUnder(dir).empty());
+
+  sandbox::SandboxOptions o;
+  o.workspace = workspace_;
+  o.view = view_.get();
+  o.identity = store_->CallerFor("alice", "sweeper");
+  o.state_dir = state.path();
+  auto next = sandbox::Sandbox::Create(o);
+  ASSERT_TRUE(next.has_value()) << next.error().message;
+  EXPECT_TRUE(MountsUnder(dir).empty());
+  struct stat st;
+  EXPECT_NE(stat(dir.c_str(), &st), 0) << dir << " is still there";
+  // The workspace was not touched by the removal.
+  EXPECT_EQ(stat(workspace_.c_str(), &st), 0);
+  (*next)->Close();
 }
 
 }  // namespace
