@@ -1,0 +1,516 @@
+// The text-editor and memory tools over the router (see file_tools.h).
+#include "harness/file_tools.h"
+
+#include <algorithm>
+#include <cinttypes>
+#include <cstdio>
+#include <functional>
+#include <sstream>
+#include <vector>
+
+namespace agentvfs::harness {
+
+using nlohmann::json;
+using vfs::Fail;
+
+namespace {
+
+// The string field `key` of `input`, or an error naming it.
+vfs::Result<std::string> StringField(const json& input, const char* key) {
+  auto it = input.find(key);
+  if (it == input.end())
+    return Fail(EINVAL, std::string("missing parameter `") + key + "`");
+  if (!it->is_string())
+    return Fail(EINVAL,
+                std::string("parameter `") + key + "` must be a string");
+  return it->get<std::string>();
+}
+
+std::string NumberedLines(const std::string& text, int64_t first_line,
+                          size_t begin = 0, size_t end = std::string::npos) {
+  std::string out;
+  int64_t n = first_line;
+  size_t pos = begin;
+  end = std::min(end, text.size());
+  while (pos < end) {
+    size_t nl = text.find('\n', pos);
+    size_t stop = nl == std::string::npos || nl >= end ? end : nl;
+    char num[32];
+    std::snprintf(num, sizeof(num), "%6" PRId64 "\t", n++);
+    out += num;
+    out.append(text, pos, stop - pos);
+    out += '\n';
+    pos = stop + 1;
+  }
+  return out;
+}
+
+// Offsets of the starts of lines: starts[i] is where line i+1 begins.
+std::vector<size_t> LineStarts(const std::string& text) {
+  std::vector<size_t> starts = {0};
+  for (size_t i = 0; i < text.size(); ++i)
+    if (text[i] == '\n' && i + 1 < text.size()) starts.push_back(i + 1);
+  return starts;
+}
+
+int64_t LineCount(const std::string& text) {
+  if (text.empty()) return 0;
+  return static_cast<int64_t>(LineStarts(text).size());
+}
+
+int64_t LineOf(const std::string& text, size_t offset) {
+  return 1 + static_cast<int64_t>(
+                 std::count(text.begin(), text.begin() + offset, '\n'));
+}
+
+// `cat -n` of lines [from, to] of `text` (1-based, clamped).
+std::string Snippet(const std::string& text, int64_t from, int64_t to) {
+  auto starts = LineStarts(text);
+  int64_t lines = static_cast<int64_t>(starts.size());
+  from = std::max<int64_t>(1, from);
+  to = std::min(lines, to);
+  if (text.empty() || from > to) return "";
+  size_t begin = starts[from - 1];
+  size_t end = to < lines ? starts[to] - 1 : text.size();
+  return NumberedLines(text, from, begin, end);
+}
+
+std::string HumanSize(uint64_t n) {
+  const char* units[] = {"", "K", "M", "G", "T"};
+  double v = static_cast<double>(n);
+  int u = 0;
+  while (v >= 1024 && u < 4) {
+    v /= 1024;
+    ++u;
+  }
+  char buf[32];
+  if (u == 0)
+    std::snprintf(buf, sizeof(buf), "%" PRIu64, n);
+  else
+    std::snprintf(buf, sizeof(buf), "%.1f%s", v, units[u]);
+  return buf;
+}
+
+const vfs::Path& MemoriesRoot() {
+  static const vfs::Path root = *vfs::Path::Parse("/memories");
+  return root;
+}
+
+}  // namespace
+
+FileTools::FileTools(vfs::Backend& router, vfs::Caller caller)
+    : router_(router), caller_(std::move(caller)) {}
+
+ToolResult FileTools::Editor(const json& input) { return Run(input, false); }
+ToolResult FileTools::Memory(const json& input) { return Run(input, true); }
+
+ToolResult FileTools::Run(const json& input, bool memory) {
+  auto bad = [](const std::string& what) {
+    return ToolResult{"Error: " + what, true};
+  };
+  if (!input.is_object()) return bad("the tool input must be a JSON object");
+  auto command = StringField(input, "command");
+  if (!command) return bad(command.error().message);
+  auto parse = [&](const char* key) -> vfs::Result<vfs::Path> {
+    auto text = StringField(input, key);
+    if (!text) return std::unexpected(text.error());
+    if (text->empty() || (*text)[0] != '/')
+      return Fail(EINVAL, "`" + std::string(key) +
+                              "` must be an absolute "
+                              "path such as /workspace/notes.md, not '" +
+                              *text + "'");
+    auto p = vfs::Path::Parse(*text);
+    if (!p)
+      return Fail(EINVAL, "`" + std::string(key) + "` '" + *text +
+                              "' is not a valid path: " + p.error().message);
+    if (memory && !p->HasPrefix(MemoriesRoot()))
+      return Fail(EINVAL, "the memory tool works in /memories only; '" + *text +
+                              "' is outside it");
+    return *p;
+  };
+
+  if (*command == "view") {
+    auto p = parse("path");
+    if (!p) return bad(p.error().message);
+    return View(*p, input);
+  }
+  if (*command == "create") {
+    auto p = parse("path");
+    if (!p) return bad(p.error().message);
+    auto text = StringField(input, "file_text");
+    if (!text) return bad(text.error().message);
+    return Create(*p, *text, memory);
+  }
+  if (*command == "str_replace") {
+    auto p = parse("path");
+    if (!p) return bad(p.error().message);
+    auto old_str = StringField(input, "old_str");
+    if (!old_str) return bad(old_str.error().message);
+    std::string new_str;
+    if (input.contains("new_str")) {
+      auto n = StringField(input, "new_str");
+      if (!n) return bad(n.error().message);
+      new_str = *n;
+    }
+    return StrReplace(*p, *old_str, new_str);
+  }
+  if (*command == "insert") {
+    auto p = parse("path");
+    if (!p) return bad(p.error().message);
+    auto line = input.find("insert_line");
+    if (line == input.end() || !line->is_number_integer())
+      return bad("missing or non-integer parameter `insert_line`");
+    // insert_text in the current tools; new_str in older text editors.
+    auto text = StringField(input, "insert_text");
+    if (!text) text = StringField(input, "new_str");
+    if (!text) return bad("missing parameter `insert_text`");
+    return Insert(*p, line->get<int64_t>(), *text);
+  }
+  if (memory && *command == "delete") {
+    auto p = parse("path");
+    if (!p) return bad(p.error().message);
+    return Delete(*p);
+  }
+  if (memory && *command == "rename") {
+    auto from = parse("old_path");
+    if (!from) return bad(from.error().message);
+    auto to = parse("new_path");
+    if (!to) return bad(to.error().message);
+    return Rename(*from, *to);
+  }
+  return bad("unknown command '" + *command + "'; use " +
+             (memory ? "view, create, str_replace, insert, delete or rename"
+                     : "view, create, str_replace or insert"));
+}
+
+ToolResult FileTools::Failure(const vfs::Error& e,
+                              const vfs::Path& path) const {
+  std::string text = "Error: " + e.message;
+  if (e.message.empty()) text += vfs::ErrnoName(e.code) + " on " + path.str();
+  if (e.code == ESTALE || e.code == EBUSY)
+    text += ". Your change was not saved. View " + path.str() +
+            " again to see the current content, then redo the change.";
+  return {text, true};
+}
+
+vfs::Result<std::string> FileTools::ReadWhole(const vfs::Path& path) {
+  auto h = router_.Open(caller_, path, O_RDONLY, 0);
+  if (!h) return std::unexpected(h.error());
+  auto st = (*h)->Stat();
+  if (!st) return std::unexpected(st.error());
+  if (S_ISDIR(st->st_mode)) return Fail(EISDIR, path.str() + " is a directory");
+  if (static_cast<uint64_t>(st->st_size) > kMaxToolFileBytes)
+    return Fail(EFBIG, path.str() + " is " + HumanSize(st->st_size) +
+                           "B, over the " + HumanSize(kMaxToolFileBytes) +
+                           "B the file tools handle; use bash (head, sed, "
+                           "grep) instead");
+  std::string data;
+  char buf[65536];
+  for (off_t off = 0;;) {
+    auto n = (*h)->Read(buf, sizeof(buf), off);
+    if (!n) return std::unexpected(n.error());
+    if (*n == 0) break;
+    data.append(buf, *n);
+    off += static_cast<off_t>(*n);
+    if (data.size() > kMaxToolFileBytes)
+      return Fail(EFBIG, path.str() + " grew past " +
+                             HumanSize(kMaxToolFileBytes) + "B while read");
+  }
+  if (data.find('\0') != std::string::npos)
+    return Fail(EINVAL,
+                path.str() + " is a binary file; the file tools edit text");
+  return data;
+}
+
+vfs::Status FileTools::Replace(
+    const vfs::Path& path,
+    const std::function<vfs::Result<std::string>(const std::string&)>& edit) {
+  // One handle for read and write: the store commits it whole at Flush, and
+  // rejects it if another session changed the file meanwhile.
+  auto h = router_.Open(caller_, path, O_RDWR, 0);
+  if (!h) return std::unexpected(h.error());
+  auto st = (*h)->Stat();
+  if (!st) return std::unexpected(st.error());
+  if (static_cast<uint64_t>(st->st_size) > kMaxToolFileBytes)
+    return Fail(EFBIG, path.str() + " is over " + HumanSize(kMaxToolFileBytes) +
+                           "B; edit it with bash instead");
+  std::string data(static_cast<size_t>(st->st_size), '\0');
+  size_t got = 0;
+  while (got < data.size()) {
+    auto n = (*h)->Read(data.data() + got, data.size() - got,
+                        static_cast<off_t>(got));
+    if (!n) return std::unexpected(n.error());
+    if (*n == 0) break;
+    got += *n;
+  }
+  data.resize(got);
+  if (data.find('\0') != std::string::npos)
+    return Fail(EINVAL, path.str() +
+                            " is a binary file; the file tools "
+                            "edit text");
+  auto changed = edit(data);
+  if (!changed) return std::unexpected(changed.error());
+  if (auto t = (*h)->Truncate(0); !t) return t;
+  size_t off = 0;
+  while (off < changed->size()) {
+    auto n = (*h)->Write(changed->data() + off, changed->size() - off,
+                         static_cast<off_t>(off));
+    if (!n) return std::unexpected(n.error());
+    off += *n;
+  }
+  return (*h)->Flush();
+}
+
+vfs::Status FileTools::MakeParents(const vfs::Path& path) {
+  std::vector<vfs::Path> missing;
+  for (vfs::Path p = path.Parent(); !p.IsRoot(); p = p.Parent()) {
+    auto st = router_.Stat(caller_, p);
+    if (st) {
+      if (!S_ISDIR(st->st_mode))
+        return Fail(ENOTDIR, p.str() + " is not a directory");
+      break;
+    }
+    if (st.error().code != ENOENT) return std::unexpected(st.error());
+    missing.push_back(p);
+  }
+  for (auto it = missing.rbegin(); it != missing.rend(); ++it) {
+    auto made = router_.Mkdir(caller_, *it, 0755);
+    if (!made && made.error().code != EEXIST) return made;
+  }
+  return {};
+}
+
+ToolResult FileTools::View(const vfs::Path& path, const json& input) {
+  auto st = router_.Stat(caller_, path);
+  if (!st) return Failure(st.error(), path);
+  if (S_ISDIR(st->st_mode)) {
+    if (input.contains("view_range"))
+      return {"Error: view_range applies to files; " + path.str() +
+                  " is a directory",
+              true};
+    // Two levels deep, without hidden entries and node_modules, each with
+    // its size, as Anthropic's tools list directories.
+    std::string listing;
+    std::function<void(const vfs::Path&, int)> walk = [&](const vfs::Path& dir,
+                                                          int depth) {
+      auto entries = router_.ReadDir(caller_, dir);
+      if (!entries) return;
+      std::sort(entries->begin(), entries->end(),
+                [](const auto& a, const auto& b) { return a.name < b.name; });
+      for (const auto& e : *entries) {
+        if (e.name.empty() || e.name[0] == '.' || e.name == "node_modules")
+          continue;
+        auto child = dir.Child(e.name);
+        if (!child) continue;
+        auto cst = router_.Stat(caller_, *child);
+        if (!cst) continue;
+        bool is_dir = S_ISDIR(cst->st_mode);
+        listing += HumanSize(is_dir ? 4096 : cst->st_size) + "\t" +
+                   child->str() + (is_dir ? "/" : "") + "\n";
+        if (is_dir && depth < 2) walk(*child, depth + 1);
+      }
+    };
+    listing = HumanSize(4096) + "\t" + path.str() + "/\n";
+    walk(path, 1);
+    std::string text =
+        "Here are the files and directories up to 2 levels "
+        "deep in " +
+        path.str() + ", excluding hidden items and node_modules:\n";
+    if (listing.size() > kMaxViewBytes) {
+      listing.resize(kMaxViewBytes);
+      listing.resize(listing.rfind('\n') + 1);
+      listing += "[... listing cut at " + HumanSize(kMaxViewBytes) +
+                 "B; view a subdirectory to see more]\n";
+    }
+    return {text + listing, false};
+  }
+  auto data = ReadWhole(path);
+  if (!data) return Failure(data.error(), path);
+  int64_t lines = LineCount(*data);
+  int64_t from = 1, to = lines;
+  if (auto r = input.find("view_range"); r != input.end()) {
+    if (!r->is_array() || r->size() != 2 || !(*r)[0].is_number_integer() ||
+        !(*r)[1].is_number_integer())
+      return {
+          "Error: view_range must be two integers [start, end]; end -1 "
+          "means to the end of the file",
+          true};
+    from = (*r)[0].get<int64_t>();
+    to = (*r)[1].get<int64_t>();
+    if (to == -1) to = lines;
+    if (from < 1 || from > std::max<int64_t>(lines, 1) || to < from ||
+        to > lines)
+      return {"Error: view_range [" + std::to_string((*r)[0].get<int64_t>()) +
+                  ", " + std::to_string((*r)[1].get<int64_t>()) +
+                  "] is not within " + path.str() + ", which has " +
+                  std::to_string(lines) + " lines",
+              true};
+  }
+  std::string body = Snippet(*data, from, to);
+  if (body.size() > kMaxViewBytes) {
+    body.resize(kMaxViewBytes);
+    body.resize(body.rfind('\n') + 1);
+    int64_t shown = from + std::count(body.begin(), body.end(), '\n') - 1;
+    body += "[... cut after line " + std::to_string(shown) + " of " +
+            std::to_string(lines) + "; view the rest with view_range [" +
+            std::to_string(shown + 1) + ", -1]]\n";
+  }
+  return {
+      "Here's the content of " + path.str() + " with line numbers:\n" + body,
+      false};
+}
+
+ToolResult FileTools::Create(const vfs::Path& path, const std::string& text,
+                             bool must_be_new) {
+  if (text.size() > kMaxToolFileBytes)
+    return {"Error: file_text is over " + HumanSize(kMaxToolFileBytes) + "B",
+            true};
+  if (must_be_new) {
+    if (router_.Stat(caller_, path))
+      return {"Error: " + path.str() +
+                  " already exists; view it and edit it with str_replace or "
+                  "insert, or delete it first",
+              true};
+    if (auto ok = MakeParents(path); !ok) return Failure(ok.error(), path);
+  }
+  int flags = O_WRONLY | O_CREAT | O_TRUNC | (must_be_new ? O_EXCL : 0);
+  auto h = router_.Open(caller_, path, flags, 0644);
+  if (!h) return Failure(h.error(), path);
+  size_t off = 0;
+  while (off < text.size()) {
+    auto n = (*h)->Write(text.data() + off, text.size() - off,
+                         static_cast<off_t>(off));
+    if (!n) return Failure(n.error(), path);
+    off += *n;
+  }
+  if (auto ok = (*h)->Flush(); !ok) return Failure(ok.error(), path);
+  return {"File created successfully at: " + path.str(), false};
+}
+
+ToolResult FileTools::StrReplace(const vfs::Path& path,
+                                 const std::string& old_str,
+                                 const std::string& new_str) {
+  if (old_str.empty())
+    return {"Error: old_str is empty; give the exact text to replace", true};
+  int64_t first_line = 0, new_lines = 0;
+  std::string after;
+  std::optional<std::string> refusal;
+  auto ok =
+      Replace(path, [&](const std::string& text) -> vfs::Result<std::string> {
+        std::vector<int64_t> lines;
+        for (size_t at = text.find(old_str); at != std::string::npos;
+             at = text.find(old_str, at + 1))
+          lines.push_back(LineOf(text, at));
+        if (lines.empty()) {
+          refusal = "No replacement was performed, old_str `" + old_str +
+                    "` did not appear verbatim in " + path.str() + ".";
+          return Fail(ECANCELED, *refusal);
+        }
+        if (lines.size() > 1) {
+          std::string where;
+          for (size_t i = 0; i < lines.size(); ++i)
+            where += (i ? ", " : "") + std::to_string(lines[i]);
+          refusal =
+              "No replacement was performed. Multiple occurrences of "
+              "old_str `" +
+              old_str + "` in lines [" + where +
+              "]. Please ensure it is unique (include more context).";
+          return Fail(ECANCELED, *refusal);
+        }
+        size_t at = text.find(old_str);
+        first_line = lines[0];
+        new_lines = std::count(new_str.begin(), new_str.end(), '\n');
+        after = text.substr(0, at) + new_str + text.substr(at + old_str.size());
+        return after;
+      });
+  if (!ok) {
+    if (refusal) return {"Error: " + *refusal, true};
+    return Failure(ok.error(), path);
+  }
+  return {"The file " + path.str() +
+              " has been edited. Here's the result of "
+              "running `cat -n` on a snippet of " +
+              path.str() + ":\n" +
+              Snippet(after, first_line - 4, first_line + new_lines + 4) +
+              "Review the changes and make sure they are as expected. Edit "
+              "the file again if necessary.",
+          false};
+}
+
+ToolResult FileTools::Insert(const vfs::Path& path, int64_t line,
+                             const std::string& text) {
+  std::optional<std::string> refusal;
+  std::string after;
+  auto ok =
+      Replace(path, [&](const std::string& data) -> vfs::Result<std::string> {
+        int64_t lines = LineCount(data);
+        if (line < 0 || line > lines) {
+          refusal = "insert_line " + std::to_string(line) +
+                    " is not within [0, " + std::to_string(lines) + "] (" +
+                    path.str() + " has " + std::to_string(lines) +
+                    " lines; 0 inserts at the top)";
+          return Fail(ECANCELED, *refusal);
+        }
+        auto starts = LineStarts(data);
+        size_t at = line == 0                                    ? 0
+                    : line < static_cast<int64_t>(starts.size()) ? starts[line]
+                                                                 : data.size();
+        std::string piece = text;
+        if (!piece.empty() && piece.back() != '\n') piece += '\n';
+        std::string head = data.substr(0, at);
+        if (at == data.size() && !head.empty() && head.back() != '\n')
+          head += '\n';  // after a last line without its newline
+        after = head + piece + data.substr(at);
+        return after;
+      });
+  if (!ok) {
+    if (refusal) return {"Error: " + *refusal, true};
+    return Failure(ok.error(), path);
+  }
+  int64_t added = std::count(text.begin(), text.end(), '\n') +
+                  (text.empty() || text.back() != '\n' ? 1 : 0);
+  return {"The file " + path.str() +
+              " has been edited. Here's the result of "
+              "running `cat -n` on a snippet of the edited file:\n" +
+              Snippet(after, line - 3, line + added + 4) +
+              "Review the changes and make sure they are as expected "
+              "(correct indentation, no duplicate lines). Edit the file "
+              "again if necessary.",
+          false};
+}
+
+vfs::Status FileTools::RemoveTree(const vfs::Path& path) {
+  auto st = router_.Stat(caller_, path);
+  if (!st) return std::unexpected(st.error());
+  if (!S_ISDIR(st->st_mode)) return router_.Unlink(caller_, path);
+  auto entries = router_.ReadDir(caller_, path);
+  if (!entries) return std::unexpected(entries.error());
+  for (const auto& e : *entries) {
+    auto child = path.Child(e.name);
+    if (!child) return std::unexpected(child.error());
+    if (auto ok = RemoveTree(*child); !ok) return ok;
+  }
+  return router_.Rmdir(caller_, path);
+}
+
+ToolResult FileTools::Delete(const vfs::Path& path) {
+  if (path == MemoriesRoot())
+    return {"Error: /memories itself cannot be deleted; delete what is in it",
+            true};
+  if (auto ok = RemoveTree(path); !ok) return Failure(ok.error(), path);
+  return {"Successfully deleted " + path.str(), false};
+}
+
+ToolResult FileTools::Rename(const vfs::Path& from, const vfs::Path& to) {
+  if (router_.Stat(caller_, to))
+    return {"Error: " + to.str() +
+                " already exists; choose another name or "
+                "delete it first",
+            true};
+  if (auto ok = MakeParents(to); !ok) return Failure(ok.error(), to);
+  if (auto ok = router_.Rename(caller_, from, to, RENAME_NOREPLACE); !ok)
+    return Failure(ok.error(), from);
+  return {"Successfully renamed " + from.str() + " to " + to.str(), false};
+}
+
+}  // namespace agentvfs::harness

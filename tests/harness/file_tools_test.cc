@@ -1,0 +1,271 @@
+// The text-editor and memory tools through a real router (local_dir at
+// /workspace, the SQLite store at /memories and /skills), as a store user.
+#include "harness/file_tools.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <fstream>
+
+#include "backends/local_dir/local_dir.h"
+#include "tests/support/files.h"
+#include "tests/support/store_fixture.h"
+
+namespace agentvfs::testing {
+namespace {
+
+using harness::FileTools;
+using harness::ToolResult;
+using nlohmann::json;
+using ::testing::HasSubstr;
+using ::testing::Not;
+
+class FileToolsTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    auto store = StoreFixture::Create({"alice", "bob"},
+                                      {{"alice", {"eng"}}, {"bob", {"eng"}}});
+    ASSERT_TRUE(store.has_value()) << store.error().message;
+    store_ = std::move(*store);
+    ws_ = std::make_unique<TempDir>("agentvfs-tools-ws");
+    router_ = store_->MakeRouter();
+    auto local = backends::LocalDirBackend::Open(ws_->path());
+    ASSERT_TRUE(local.has_value());
+    ASSERT_TRUE(
+        router_->Mount("/workspace", router_->Adopt(std::move(*local))));
+    alice_ = std::make_unique<FileTools>(*router_,
+                                         store_->CallerFor("alice", "s-a"));
+  }
+  ToolResult Edit(const json& input) { return alice_->Editor(input); }
+  ToolResult Mem(const json& input) { return alice_->Memory(input); }
+  std::string Host(const std::string& rel) {
+    return ReadFile(ws_->Sub(rel)).value_or("<missing>");
+  }
+
+  std::unique_ptr<StoreFixture> store_;
+  std::unique_ptr<TempDir> ws_;
+  std::unique_ptr<router::Router> router_;
+  std::unique_ptr<FileTools> alice_;
+};
+
+TEST_F(FileToolsTest, ViewNumbersLinesAndHonoursARange) {
+  std::ofstream(ws_->Sub("a.txt")) << "one\ntwo\nthree\nfour\n";
+  auto r = Edit({{"command", "view"}, {"path", "/workspace/a.txt"}});
+  EXPECT_FALSE(r.is_error) << r.text;
+  EXPECT_EQ(r.text,
+            "Here's the content of /workspace/a.txt with line numbers:\n"
+            "     1\tone\n     2\ttwo\n     3\tthree\n     4\tfour\n");
+  r = Edit({{"command", "view"},
+            {"path", "/workspace/a.txt"},
+            {"view_range", {2, 3}}});
+  EXPECT_THAT(r.text, HasSubstr("     2\ttwo\n     3\tthree\n"));
+  EXPECT_THAT(r.text, Not(HasSubstr("four")));
+  r = Edit({{"command", "view"},
+            {"path", "/workspace/a.txt"},
+            {"view_range", {3, -1}}});
+  EXPECT_THAT(r.text, HasSubstr("     3\tthree\n     4\tfour\n"));
+  r = Edit({{"command", "view"},
+            {"path", "/workspace/a.txt"},
+            {"view_range", {3, 9}}});
+  EXPECT_TRUE(r.is_error);
+  EXPECT_THAT(r.text, HasSubstr("has 4 lines"));
+}
+
+TEST_F(FileToolsTest, ViewListsADirectoryTwoLevelsDeep) {
+  for (const char* d :
+       {"src", "src/deep", "src/deep/deeper", ".git", "node_modules"})
+    ASSERT_EQ(mkdir(ws_->Sub(d).c_str(), 0755), 0);
+  std::ofstream(ws_->Sub("src/main.py")) << "print(1)\n";
+  std::ofstream(ws_->Sub("src/deep/deeper/hidden-by-depth.txt")) << "x";
+  std::ofstream(ws_->Sub(".env")) << "SECRET=1";
+  auto r = Edit({{"command", "view"}, {"path", "/workspace"}});
+  ASSERT_FALSE(r.is_error) << r.text;
+  EXPECT_THAT(r.text, HasSubstr("up to 2 levels deep in /workspace"));
+  EXPECT_THAT(r.text, HasSubstr("9\t/workspace/src/main.py\n"));
+  EXPECT_THAT(r.text, HasSubstr("/workspace/src/deep/\n"));
+  EXPECT_THAT(r.text, Not(HasSubstr("deeper/")));
+  EXPECT_THAT(r.text, Not(HasSubstr(".git")));
+  EXPECT_THAT(r.text, Not(HasSubstr(".env")));
+  EXPECT_THAT(r.text, Not(HasSubstr("/workspace/node_modules")));
+}
+
+TEST_F(FileToolsTest, CreateWritesTheFileEditorOverwritesMemoryDoesNot) {
+  auto r = Edit({{"command", "create"},
+                 {"path", "/workspace/new.md"},
+                 {"file_text", "hello\n"}});
+  EXPECT_FALSE(r.is_error) << r.text;
+  EXPECT_EQ(Host("new.md"), "hello\n");
+  r = Edit({{"command", "create"},
+            {"path", "/workspace/new.md"},
+            {"file_text", "again\n"}});
+  EXPECT_FALSE(r.is_error);
+  EXPECT_EQ(Host("new.md"), "again\n");
+  // The memory tool makes missing folders, and never overwrites.
+  r = Mem({{"command", "create"},
+           {"path", "/memories/users/alice/projects/x/notes.md"},
+           {"file_text", "first\n"}});
+  EXPECT_FALSE(r.is_error) << r.text;
+  r = Mem({{"command", "create"},
+           {"path", "/memories/users/alice/projects/x/notes.md"},
+           {"file_text", "second\n"}});
+  EXPECT_TRUE(r.is_error);
+  EXPECT_THAT(r.text, HasSubstr("already exists"));
+  auto v = Mem({{"command", "view"},
+                {"path", "/memories/users/alice/projects/x/notes.md"}});
+  EXPECT_THAT(v.text, HasSubstr("     1\tfirst\n"));
+}
+
+TEST_F(FileToolsTest, StrReplaceNeedsExactlyOneVerbatimOccurrence) {
+  std::ofstream(ws_->Sub("c.py")) << "a = 1\nb = 2\na = 1\nc = 3\n";
+  auto r = Edit({{"command", "str_replace"},
+                 {"path", "/workspace/c.py"},
+                 {"old_str", "z = 9"},
+                 {"new_str", "z = 10"}});
+  EXPECT_TRUE(r.is_error);
+  EXPECT_THAT(r.text, HasSubstr("did not appear verbatim in /workspace/c.py"));
+  r = Edit({{"command", "str_replace"},
+            {"path", "/workspace/c.py"},
+            {"old_str", "a = 1"},
+            {"new_str", "a = 5"}});
+  EXPECT_TRUE(r.is_error);
+  EXPECT_THAT(r.text, HasSubstr("Multiple occurrences"));
+  EXPECT_THAT(r.text, HasSubstr("lines [1, 3]"));
+  EXPECT_EQ(Host("c.py"), "a = 1\nb = 2\na = 1\nc = 3\n");  // untouched
+  r = Edit({{"command", "str_replace"},
+            {"path", "/workspace/c.py"},
+            {"old_str", "b = 2\na = 1"},
+            {"new_str", "b = 20\na = 10"}});
+  EXPECT_FALSE(r.is_error) << r.text;
+  EXPECT_EQ(Host("c.py"), "a = 1\nb = 20\na = 10\nc = 3\n");
+  EXPECT_THAT(r.text, HasSubstr("     2\tb = 20\n     3\ta = 10\n"));
+  // new_str may be omitted: the text is deleted.
+  r = Edit({{"command", "str_replace"},
+            {"path", "/workspace/c.py"},
+            {"old_str", "c = 3\n"}});
+  EXPECT_FALSE(r.is_error) << r.text;
+  EXPECT_EQ(Host("c.py"), "a = 1\nb = 20\na = 10\n");
+}
+
+TEST_F(FileToolsTest, InsertPutsTextAfterTheGivenLine) {
+  std::ofstream(ws_->Sub("i.txt")) << "one\ntwo";  // no final newline
+  auto r = Edit({{"command", "insert"},
+                 {"path", "/workspace/i.txt"},
+                 {"insert_line", 0},
+                 {"insert_text", "zero"}});
+  EXPECT_FALSE(r.is_error) << r.text;
+  EXPECT_EQ(Host("i.txt"), "zero\none\ntwo");
+  r = Edit({{"command", "insert"},
+            {"path", "/workspace/i.txt"},
+            {"insert_line", 3},
+            {"insert_text", "three\n"}});
+  EXPECT_FALSE(r.is_error) << r.text;
+  EXPECT_EQ(Host("i.txt"), "zero\none\ntwo\nthree\n");
+  r = Edit({{"command", "insert"},
+            {"path", "/workspace/i.txt"},
+            {"insert_line", 2},
+            {"new_str", "one and a half"}});  // the older argument name
+  EXPECT_FALSE(r.is_error) << r.text;
+  EXPECT_EQ(Host("i.txt"), "zero\none\none and a half\ntwo\nthree\n");
+  r = Edit({{"command", "insert"},
+            {"path", "/workspace/i.txt"},
+            {"insert_line", 9},
+            {"insert_text", "x"}});
+  EXPECT_TRUE(r.is_error);
+  EXPECT_THAT(r.text, HasSubstr("not within [0, 5]"));
+}
+
+TEST_F(FileToolsTest, TheMemoryToolDeletesAndRenamesInsideMemoriesOnly) {
+  ASSERT_FALSE(Mem({{"command", "create"},
+                    {"path", "/memories/users/alice/a/b.md"},
+                    {"file_text", "b"}})
+                   .is_error);
+  auto r = Mem({{"command", "rename"},
+                {"old_path", "/memories/users/alice/a/b.md"},
+                {"new_path", "/memories/users/alice/c/d.md"}});
+  EXPECT_FALSE(r.is_error) << r.text;
+  EXPECT_THAT(
+      Mem({{"command", "view"}, {"path", "/memories/users/alice/c/d.md"}}).text,
+      HasSubstr("     1\tb\n"));
+  r = Mem({{"command", "delete"}, {"path", "/memories/users/alice/c"}});
+  EXPECT_FALSE(r.is_error) << r.text;
+  EXPECT_TRUE(
+      Mem({{"command", "view"}, {"path", "/memories/users/alice/c"}}).is_error);
+  for (const json& outside : {json{{"command", "view"}, {"path", "/workspace"}},
+                              json{{"command", "delete"}, {"path", "/skills"}},
+                              json{{"command", "rename"},
+                                   {"old_path", "/memories/users/alice/a"},
+                                   {"new_path", "/workspace/a"}}}) {
+    auto o = Mem(outside);
+    EXPECT_TRUE(o.is_error) << outside.dump();
+    EXPECT_THAT(o.text, HasSubstr("/memories only")) << outside.dump();
+  }
+  r = Mem({{"command", "delete"}, {"path", "/memories"}});
+  EXPECT_TRUE(r.is_error);
+}
+
+TEST_F(FileToolsTest, MalformedInputBecomesAnErrorResult) {
+  for (const json& bad :
+       {json::array(), json{{"path", "/workspace/a"}},
+        json{{"command", "explode"}, {"path", "/workspace/a"}},
+        json{{"command", "view"}}, json{{"command", "view"}, {"path", 7}},
+        json{{"command", "view"}, {"path", "relative/a.txt"}},
+        json{{"command", "view"}, {"path", "/workspace/../../etc/passwd"}},
+        json{{"command", "create"}, {"path", "/workspace/a"}},
+        json{{"command", "insert"},
+             {"path", "/workspace/a"},
+             {"insert_line", "1"},
+             {"insert_text", "x"}},
+        json{{"command", "delete"}, {"path", "/workspace/a"}}}) {
+    auto r = Edit(bad);
+    EXPECT_TRUE(r.is_error) << bad.dump();
+    EXPECT_THAT(r.text, HasSubstr("Error: ")) << bad.dump();
+  }
+}
+
+TEST_F(FileToolsTest, GrantsApplyAsForEveryOtherEntryPoint) {
+  FileTools bob(*router_, store_->CallerFor("bob", "s-b"));
+  ASSERT_FALSE(bob.Memory({{"command", "create"},
+                           {"path", "/memories/users/bob/private.md"},
+                           {"file_text", "bob only"}})
+                   .is_error);
+  auto r =
+      Mem({{"command", "view"}, {"path", "/memories/users/bob/private.md"}});
+  EXPECT_TRUE(r.is_error);
+  EXPECT_THAT(r.text, Not(HasSubstr("bob only")));
+  r = Mem({{"command", "view"}, {"path", "/memories/users"}});
+  EXPECT_THAT(r.text, Not(HasSubstr("bob")));
+  r = Edit({{"command", "create"},
+            {"path", "/skills/mine/SKILL.md"},
+            {"file_text", "x"}});
+  EXPECT_TRUE(r.is_error);
+}
+
+TEST_F(FileToolsTest, AConflictSaysWhoHoldsTheFileAndToReadItAgain) {
+  ASSERT_FALSE(Mem({{"command", "create"},
+                    {"path", "/memories/teams/eng/plan.md"},
+                    {"file_text", "step 1\n"}})
+                   .is_error);
+  // bob is writing the file right now (a handle open for writing).
+  auto bob_backend = store_->OpenBackend();
+  auto held = bob_backend->Open(
+      store_->CallerFor("bob", "s-b2"),
+      *vfs::Path::Parse("/memories/teams/eng/plan.md"), O_WRONLY | O_APPEND, 0);
+  ASSERT_TRUE(held.has_value()) << held.error().message;
+  auto r = Mem({{"command", "str_replace"},
+                {"path", "/memories/teams/eng/plan.md"},
+                {"old_str", "step 1"},
+                {"new_str", "step 1 (done)"}});
+  EXPECT_TRUE(r.is_error);
+  EXPECT_THAT(r.text, HasSubstr("bob"));
+  EXPECT_THAT(r.text, HasSubstr("View /memories/teams/eng/plan.md again"));
+  held->reset();
+  // Once bob is done, the same call goes through.
+  r = Mem({{"command", "str_replace"},
+           {"path", "/memories/teams/eng/plan.md"},
+           {"old_str", "step 1"},
+           {"new_str", "step 1 (done)"}});
+  EXPECT_FALSE(r.is_error) << r.text;
+}
+
+}  // namespace
+}  // namespace agentvfs::testing
