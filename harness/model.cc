@@ -1,0 +1,497 @@
+// Anthropic Messages and OpenAI Chat Completions clients over libcurl (see
+// model.h).
+#include "harness/model.h"
+
+#include <curl/curl.h>
+
+#include <algorithm>
+#include <cctype>
+#include <cstdlib>
+#include <mutex>
+#include <random>
+#include <thread>
+
+namespace agentvfs::harness {
+
+using nlohmann::json;
+using vfs::Fail;
+
+ContentBlock ContentBlock::Text(std::string text) {
+  ContentBlock b;
+  b.kind = Kind::kText;
+  b.text = std::move(text);
+  return b;
+}
+ContentBlock ContentBlock::ToolUse(std::string id, std::string name,
+                                   json input) {
+  ContentBlock b;
+  b.kind = Kind::kToolUse;
+  b.id = std::move(id);
+  b.name = std::move(name);
+  b.input = std::move(input);
+  return b;
+}
+ContentBlock ContentBlock::ToolResult(std::string id, std::string content,
+                                      bool is_error) {
+  ContentBlock b;
+  b.kind = Kind::kToolResult;
+  b.id = std::move(id);
+  b.text = std::move(content);
+  b.is_error = is_error;
+  return b;
+}
+
+// --- libcurl ---------------------------------------------------------------
+
+namespace {
+
+size_t OnBody(char* data, size_t size, size_t n, void* user) {
+  static_cast<std::string*>(user)->append(data, size * n);
+  return size * n;
+}
+
+size_t OnHeader(char* data, size_t size, size_t n, void* user) {
+  auto* headers = static_cast<std::map<std::string, std::string>*>(user);
+  std::string line(data, size * n);
+  auto colon = line.find(':');
+  if (colon != std::string::npos) {
+    std::string name = line.substr(0, colon);
+    std::transform(name.begin(), name.end(), name.begin(),
+                   [](unsigned char c) { return std::tolower(c); });
+    std::string value = line.substr(colon + 1);
+    value.erase(0, value.find_first_not_of(" \t"));
+    while (!value.empty() && (value.back() == '\r' || value.back() == '\n'))
+      value.pop_back();
+    (*headers)[name] = value;
+  }
+  return size * n;
+}
+
+class CurlTransport final : public HttpTransport {
+ public:
+  CurlTransport() {
+    static std::once_flag once;
+    std::call_once(once, [] { curl_global_init(CURL_GLOBAL_DEFAULT); });
+  }
+  vfs::Result<HttpResponse> Post(const std::string& url,
+                                 const std::vector<std::string>& headers,
+                                 const std::string& body,
+                                 std::chrono::seconds timeout) override {
+    CURL* curl = curl_easy_init();
+    if (curl == nullptr) return Fail(ENOMEM, "curl_easy_init failed");
+    curl_slist* list = nullptr;
+    for (const auto& h : headers) list = curl_slist_append(list, h.c_str());
+    HttpResponse response;
+    curl_easy_setopt(curl, CURLOPT_URL, url.c_str());
+    curl_easy_setopt(curl, CURLOPT_POST, 1L);
+    curl_easy_setopt(curl, CURLOPT_POSTFIELDS, body.data());
+    curl_easy_setopt(curl, CURLOPT_POSTFIELDSIZE_LARGE,
+                     static_cast<curl_off_t>(body.size()));
+    curl_easy_setopt(curl, CURLOPT_HTTPHEADER, list);
+    curl_easy_setopt(curl, CURLOPT_WRITEFUNCTION, OnBody);
+    curl_easy_setopt(curl, CURLOPT_WRITEDATA, &response.body);
+    curl_easy_setopt(curl, CURLOPT_HEADERFUNCTION, OnHeader);
+    curl_easy_setopt(curl, CURLOPT_HEADERDATA, &response.headers);
+    curl_easy_setopt(curl, CURLOPT_TIMEOUT, static_cast<long>(timeout.count()));
+    curl_easy_setopt(curl, CURLOPT_CONNECTTIMEOUT, 30L);
+    curl_easy_setopt(curl, CURLOPT_NOSIGNAL, 1L);
+    curl_easy_setopt(curl, CURLOPT_ACCEPT_ENCODING, "");
+    CURLcode rc = curl_easy_perform(curl);
+    curl_easy_getinfo(curl, CURLINFO_RESPONSE_CODE, &response.status);
+    curl_slist_free_all(list);
+    curl_easy_cleanup(curl);
+    if (rc != CURLE_OK) {
+      int code = EIO;
+      if (rc == CURLE_OPERATION_TIMEDOUT) code = ETIMEDOUT;
+      if (rc == CURLE_COULDNT_CONNECT) code = ECONNREFUSED;
+      if (rc == CURLE_COULDNT_RESOLVE_HOST || rc == CURLE_COULDNT_RESOLVE_PROXY)
+        code = EHOSTUNREACH;
+      if (rc == CURLE_RECV_ERROR || rc == CURLE_SEND_ERROR ||
+          rc == CURLE_GOT_NOTHING)
+        code = ECONNRESET;
+      return Fail(code, std::string(curl_easy_strerror(rc)) + " (" + url + ")");
+    }
+    return response;
+  }
+};
+
+// --- helpers ---------------------------------------------------------------
+
+std::string TrimSlash(std::string s) {
+  while (!s.empty() && s.back() == '/') s.pop_back();
+  return s;
+}
+
+bool Retryable(long status) { return status == 429 || status >= 500; }
+
+bool RetryableNetwork(int code) {
+  return code == ETIMEDOUT || code == ECONNREFUSED || code == ECONNRESET ||
+         code == EHOSTUNREACH || code == EIO;
+}
+
+// The API's own error message in a response body, when there is one.
+std::string ApiMessage(const std::string& body) {
+  auto j = json::parse(body, nullptr, false);
+  if (j.is_object()) {
+    auto e = j.find("error");
+    if (e != j.end()) {
+      if (e->is_object() && e->contains("message") &&
+          (*e)["message"].is_string())
+        return (*e)["message"].get<std::string>();
+      if (e->is_string()) return e->get<std::string>();
+    }
+  }
+  return body.substr(0, 300);
+}
+
+std::string OneLine(std::string s) {
+  std::replace(s.begin(), s.end(), '\n', ' ');
+  return s;
+}
+
+// POSTs with retries (see RetryPolicy). `key_hint` names what to set when
+// the key is rejected.
+vfs::Result<HttpResponse> PostWithRetries(
+    HttpTransport& transport, const RetryPolicy& policy, const std::string& url,
+    const std::vector<std::string>& headers, const std::string& body,
+    const std::string& key_hint, int* attempts) {
+  static thread_local std::mt19937 rng{std::random_device{}()};
+  auto wait = [&](int attempt, const HttpResponse* r) {
+    auto delay = policy.base_delay * (1LL << std::min(attempt - 1, 16));
+    delay = std::min<std::chrono::milliseconds>(delay, policy.max_delay);
+    std::uniform_real_distribution<double> jitter(0.5, 1.0);
+    auto ms = std::chrono::milliseconds(
+        static_cast<int64_t>(static_cast<double>(delay.count()) * jitter(rng)));
+    if (r != nullptr) {
+      auto it = r->headers.find("retry-after");
+      if (it != r->headers.end()) {
+        char* end = nullptr;
+        double secs = std::strtod(it->second.c_str(), &end);
+        if (end != it->second.c_str() && secs >= 0)
+          ms = std::min<std::chrono::milliseconds>(
+              policy.max_delay,
+              std::chrono::milliseconds(static_cast<int64_t>(secs * 1000)));
+      }
+    }
+    if (policy.sleep)
+      policy.sleep(ms);
+    else
+      std::this_thread::sleep_for(ms);
+  };
+  vfs::Error last{EIO, "no attempt made"};
+  for (int attempt = 1; attempt <= policy.max_attempts; ++attempt) {
+    *attempts = attempt;
+    auto r = transport.Post(url, headers, body, policy.request_timeout);
+    if (!r) {
+      last = r.error();
+      if (!RetryableNetwork(last.code) || attempt == policy.max_attempts) break;
+      wait(attempt, nullptr);
+      continue;
+    }
+    if (r->status >= 200 && r->status < 300) return *r;
+    std::string msg = OneLine(ApiMessage(r->body));
+    if (r->status == 401 || r->status == 403)
+      return Fail(EACCES, "the model API rejected the key (HTTP " +
+                              std::to_string(r->status) + ": " + msg +
+                              "); check " + key_hint);
+    if (!Retryable(r->status))
+      return Fail(EINVAL, "the model API refused the request (HTTP " +
+                              std::to_string(r->status) + ": " + msg + ")");
+    last = vfs::Error{EAGAIN, "the model API answered HTTP " +
+                                  std::to_string(r->status) + " (" + msg + ")"};
+    if (attempt == policy.max_attempts) break;
+    wait(attempt, &*r);
+  }
+  return Fail(last.code, last.message + " after " + std::to_string(*attempts) +
+                             " attempts; try again later");
+}
+
+// --- Anthropic -------------------------------------------------------------
+
+json AnthropicBlock(const ContentBlock& b) {
+  switch (b.kind) {
+    case ContentBlock::Kind::kText:
+      return {{"type", "text"}, {"text", b.text}};
+    case ContentBlock::Kind::kToolUse:
+      return {{"type", "tool_use"},
+              {"id", b.id},
+              {"name", b.name},
+              {"input", b.input.is_object() ? b.input : json::object()}};
+    case ContentBlock::Kind::kToolResult: {
+      json r = {
+          {"type", "tool_result"}, {"tool_use_id", b.id}, {"content", b.text}};
+      if (b.is_error) r["is_error"] = true;
+      return r;
+    }
+  }
+  return json::object();
+}
+
+class AnthropicClient final : public ModelClient {
+ public:
+  AnthropicClient(ClientConfig config, std::unique_ptr<HttpTransport> t)
+      : config_(std::move(config)), transport_(std::move(t)) {}
+
+  vfs::Result<ModelResponse> Complete(const ModelRequest& request) override {
+    json body = AnthropicRequestBody(config_, request);
+    std::vector<std::string> headers = {"content-type: application/json",
+                                        "x-api-key: " + config_.api_key,
+                                        "anthropic-version: 2023-06-01"};
+    for (const auto& t : request.tools) {
+      if (t.anthropic_type.rfind("memory_", 0) == 0) {
+        headers.push_back("anthropic-beta: context-management-2025-06-27");
+        break;
+      }
+    }
+    ModelResponse out;
+    auto r = PostWithRetries(*transport_, config_.retry,
+                             config_.base_url + "/v1/messages", headers,
+                             body.dump(), "ANTHROPIC_API_KEY", &out.attempts);
+    if (!r) return std::unexpected(r.error());
+    json j = json::parse(r->body, nullptr, false);
+    if (!j.is_object() || !j.contains("content") || !j["content"].is_array())
+      return Fail(EPROTO,
+                  "the Messages API answered something else than a "
+                  "message: " +
+                      r->body.substr(0, 200));
+    out.message.role = "assistant";
+    for (const auto& c : j["content"]) {
+      std::string type = c.value("type", "");
+      if (type == "text") {
+        out.message.content.push_back(
+            ContentBlock::Text(c.value("text", std::string())));
+      } else if (type == "tool_use") {
+        out.message.content.push_back(ContentBlock::ToolUse(
+            c.value("id", std::string()), c.value("name", std::string()),
+            c.contains("input") ? c["input"] : json::object()));
+      }
+      // Other block types (thinking, ...) are not kept.
+    }
+    out.stop_reason = j.value("stop_reason", std::string());
+    out.model = j.value("model", config_.model);
+    if (auto u = j.find("usage"); u != j.end() && u->is_object()) {
+      for (const char* k : {"input_tokens", "cache_creation_input_tokens",
+                            "cache_read_input_tokens"})
+        if (u->contains(k) && (*u)[k].is_number_integer())
+          out.usage.input_tokens += (*u)[k].get<int64_t>();
+      out.usage.output_tokens = u->value("output_tokens", int64_t{0});
+    }
+    return out;
+  }
+
+ private:
+  ClientConfig config_;
+  std::unique_ptr<HttpTransport> transport_;
+};
+
+// --- OpenAI ----------------------------------------------------------------
+
+class OpenAiClient final : public ModelClient {
+ public:
+  OpenAiClient(ClientConfig config, std::unique_ptr<HttpTransport> t)
+      : config_(std::move(config)), transport_(std::move(t)) {}
+
+  vfs::Result<ModelResponse> Complete(const ModelRequest& request) override {
+    json body = OpenAiRequestBody(config_, request);
+    std::vector<std::string> headers = {
+        "content-type: application/json",
+        "authorization: Bearer " + config_.api_key};
+    ModelResponse out;
+    auto r = PostWithRetries(*transport_, config_.retry,
+                             config_.base_url + "/chat/completions", headers,
+                             body.dump(), "OPENAI_API_KEY", &out.attempts);
+    if (!r) return std::unexpected(r.error());
+    json j = json::parse(r->body, nullptr, false);
+    if (!j.is_object() || !j.contains("choices") || !j["choices"].is_array() ||
+        j["choices"].empty() || !j["choices"][0].is_object())
+      return Fail(EPROTO,
+                  "the Chat Completions API answered something else "
+                  "than a completion: " +
+                      r->body.substr(0, 200));
+    const json& choice = j["choices"][0];
+    const json msg = choice.value("message", json::object());
+    out.message.role = "assistant";
+    if (msg.contains("content") && msg["content"].is_string() &&
+        !msg["content"].get<std::string>().empty())
+      out.message.content.push_back(
+          ContentBlock::Text(msg["content"].get<std::string>()));
+    if (msg.contains("tool_calls") && msg["tool_calls"].is_array()) {
+      for (const auto& call : msg["tool_calls"]) {
+        const json fn = call.value("function", json::object());
+        std::string args = fn.value("arguments", std::string("{}"));
+        json input = json::parse(args, nullptr, false);
+        // Arguments that are not JSON reach the tool as a string, which it
+        // refuses with a message the model can act on.
+        if (input.is_discarded()) input = args;
+        out.message.content.push_back(
+            ContentBlock::ToolUse(call.value("id", std::string()),
+                                  fn.value("name", std::string()), input));
+      }
+    }
+    std::string finish = choice.value("finish_reason", std::string());
+    out.stop_reason = finish == "tool_calls" ? "tool_use"
+                      : finish == "length"   ? "max_tokens"
+                      : finish == "stop"     ? "end_turn"
+                                             : finish;
+    out.model = j.value("model", config_.model);
+    if (auto u = j.find("usage"); u != j.end() && u->is_object()) {
+      out.usage.input_tokens = u->value("prompt_tokens", int64_t{0});
+      out.usage.output_tokens = u->value("completion_tokens", int64_t{0});
+    }
+    return out;
+  }
+
+ private:
+  ClientConfig config_;
+  std::unique_ptr<HttpTransport> transport_;
+};
+
+}  // namespace
+
+std::unique_ptr<HttpTransport> MakeCurlTransport() {
+  return std::make_unique<CurlTransport>();
+}
+
+json AnthropicRequestBody(const ClientConfig& config,
+                          const ModelRequest& request) {
+  json body = {{"model", config.model}, {"max_tokens", request.max_tokens}};
+  if (!request.system.empty()) body["system"] = request.system;
+  json messages = json::array();
+  for (const auto& m : request.messages) {
+    json content = json::array();
+    for (const auto& b : m.content) content.push_back(AnthropicBlock(b));
+    messages.push_back({{"role", m.role}, {"content", content}});
+  }
+  body["messages"] = messages;
+  if (!request.tools.empty()) {
+    json tools = json::array();
+    for (const auto& t : request.tools) {
+      if (!t.anthropic_type.empty())
+        tools.push_back({{"type", t.anthropic_type}, {"name", t.name}});
+      else
+        tools.push_back({{"name", t.name},
+                         {"description", t.description},
+                         {"input_schema", t.input_schema}});
+    }
+    body["tools"] = tools;
+  }
+  return body;
+}
+
+json OpenAiRequestBody(const ClientConfig& config,
+                       const ModelRequest& request) {
+  json messages = json::array();
+  if (!request.system.empty())
+    messages.push_back({{"role", "system"}, {"content", request.system}});
+  for (const auto& m : request.messages) {
+    if (m.role == "assistant") {
+      json msg = {{"role", "assistant"}};
+      std::string text;
+      json calls = json::array();
+      for (const auto& b : m.content) {
+        if (b.kind == ContentBlock::Kind::kText) text += b.text;
+        if (b.kind == ContentBlock::Kind::kToolUse)
+          calls.push_back(
+              {{"id", b.id},
+               {"type", "function"},
+               {"function",
+                {{"name", b.name},
+                 {"arguments", b.input.is_string() ? b.input.get<std::string>()
+                                                   : b.input.dump()}}}});
+      }
+      msg["content"] = text.empty() ? json(nullptr) : json(text);
+      if (!calls.empty()) msg["tool_calls"] = calls;
+      messages.push_back(msg);
+      continue;
+    }
+    // A user turn: its tool results first (each a `tool` message, right
+    // after the assistant's calls, as the API requires), then its text.
+    std::string text;
+    for (const auto& b : m.content) {
+      if (b.kind == ContentBlock::Kind::kToolResult)
+        messages.push_back(
+            {{"role", "tool"},
+             {"tool_call_id", b.id},
+             {"content", b.is_error ? "Error: " + b.text : b.text}});
+      if (b.kind == ContentBlock::Kind::kText) text += b.text;
+    }
+    if (!text.empty())
+      messages.push_back({{"role", "user"}, {"content", text}});
+  }
+  json body = {{"model", config.model}, {"messages", messages}};
+  // OpenAI's own API wants max_completion_tokens; compatible servers know
+  // max_tokens.
+  if (config.base_url.find("api.openai.com") != std::string::npos)
+    body["max_completion_tokens"] = request.max_tokens;
+  else
+    body["max_tokens"] = request.max_tokens;
+  if (!request.tools.empty()) {
+    json tools = json::array();
+    for (const auto& t : request.tools)
+      tools.push_back({{"type", "function"},
+                       {"function",
+                        {{"name", t.name},
+                         {"description", t.description},
+                         {"parameters", t.input_schema}}}});
+    body["tools"] = tools;
+  }
+  return body;
+}
+
+vfs::Status ApplyEnvironment(ClientConfig& config) {
+  auto env = [](const char* name) -> std::string {
+    const char* v = std::getenv(name);
+    return v ? v : "";
+  };
+  if (config.provider == "anthropic") {
+    if (config.api_key.empty()) config.api_key = env("ANTHROPIC_API_KEY");
+    if (config.base_url.empty()) config.base_url = env("ANTHROPIC_BASE_URL");
+    if (config.base_url.empty()) config.base_url = "https://api.anthropic.com";
+    config.base_url = TrimSlash(config.base_url);
+    // Accept a base URL given with its /v1.
+    if (config.base_url.size() >= 3 &&
+        config.base_url.compare(config.base_url.size() - 3, 3, "/v1") == 0)
+      config.base_url.resize(config.base_url.size() - 3);
+    return {};
+  }
+  if (config.provider == "openai") {
+    if (config.api_key.empty()) config.api_key = env("OPENAI_API_KEY");
+    if (config.base_url.empty()) config.base_url = env("OPENAI_BASE_URL");
+    if (config.base_url.empty()) config.base_url = "https://api.openai.com/v1";
+    config.base_url = TrimSlash(config.base_url);
+    return {};
+  }
+  return Fail(EINVAL, "unknown model provider '" + config.provider +
+                          "'; use anthropic or openai (any OpenAI-compatible "
+                          "server, with OPENAI_BASE_URL)");
+}
+
+vfs::Result<std::unique_ptr<ModelClient>> MakeModelClient(
+    ClientConfig config, std::unique_ptr<HttpTransport> transport) {
+  if (auto ok = ApplyEnvironment(config); !ok)
+    return std::unexpected(ok.error());
+  if (config.model.empty())
+    return Fail(EINVAL,
+                "no model named; pass --model or set model: in the "
+                "config file");
+  if (config.api_key.empty()) {
+    // A local compatible server may need no key; the public APIs do.
+    bool public_api =
+        config.base_url.find("api.anthropic.com") != std::string::npos ||
+        config.base_url.find("api.openai.com") != std::string::npos;
+    if (public_api)
+      return Fail(EACCES,
+                  std::string("no API key: set ") +
+                      (config.provider == "anthropic" ? "ANTHROPIC_API_KEY"
+                                                      : "OPENAI_API_KEY") +
+                      " (or api_key in the config file)");
+  }
+  if (!transport) transport = MakeCurlTransport();
+  if (config.provider == "anthropic")
+    return std::unique_ptr<ModelClient>(
+        new AnthropicClient(std::move(config), std::move(transport)));
+  return std::unique_ptr<ModelClient>(
+      new OpenAiClient(std::move(config), std::move(transport)));
+}
+
+}  // namespace agentvfs::harness

@@ -1,0 +1,343 @@
+// The model clients against a local server that speaks each API's wire
+// format (tests/data/fake_model_server.py): the exact requests sent, the
+// parsing of answers, retries, and the errors a person sees.
+#include "harness/model.h"
+
+#include <arpa/inet.h>
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <fstream>
+#include <sstream>
+
+#include "tests/support/files.h"
+#include "tests/support/mount_fixture.h"
+
+namespace agentvfs::testing {
+namespace {
+
+using harness::ClientConfig;
+using harness::ContentBlock;
+using harness::ModelRequest;
+using nlohmann::json;
+using ::testing::HasSubstr;
+
+std::string ServerScript() {
+  std::string here = __FILE__;  // tests/harness/model_test.cc
+  return here.substr(0, here.rfind("/harness/")) + "/data/fake_model_server.py";
+}
+
+// The fake API: started with a script of answers, stopped at the end.
+class FakeApi {
+ public:
+  FakeApi(std::initializer_list<json> answers) : dir_("agentvfs-fake-api") {
+    std::ofstream(dir_.Sub("script.json")) << json(answers).dump();
+    int out[2];
+    EXPECT_EQ(pipe(out), 0);
+    pid_ = fork();
+    if (pid_ == 0) {
+      dup2(out[1], 1);
+      close(out[0]);
+      std::string script = ServerScript(), s = dir_.Sub("script.json"),
+                  l = dir_.Sub("log.jsonl");
+      execlp("python3", "python3", script.c_str(), s.c_str(), l.c_str(),
+             static_cast<char*>(nullptr));
+      _exit(127);
+    }
+    close(out[1]);
+    char buf[32] = {};
+    ssize_t n = read(out[0], buf, sizeof(buf) - 1);
+    close(out[0]);
+    port_ = n > 0 ? atoi(buf) : 0;
+    EXPECT_GT(port_, 0) << "the fake API did not start";
+  }
+  ~FakeApi() {
+    kill(pid_, SIGKILL);
+    int status;
+    waitpid(pid_, &status, 0);
+  }
+  std::string Url(const std::string& suffix = "") const {
+    return "http://127.0.0.1:" + std::to_string(port_) + suffix;
+  }
+  std::vector<json> Requests() const {
+    std::vector<json> out;
+    std::istringstream lines(ReadFile(dir_.Sub("log.jsonl")).value_or(""));
+    for (std::string line; std::getline(lines, line);)
+      out.push_back(json::parse(line));
+    return out;
+  }
+
+ private:
+  TempDir dir_;
+  pid_t pid_ = -1;
+  int port_ = 0;
+};
+
+ClientConfig Config(const std::string& provider, const std::string& url) {
+  ClientConfig c;
+  c.provider = provider;
+  c.model = provider == "anthropic" ? "claude-test" : "gpt-test";
+  c.api_key = "sk-test-key";
+  c.base_url = url;
+  c.retry.max_attempts = 4;
+  c.retry.sleep = [](std::chrono::milliseconds) {};
+  return c;
+}
+
+// A conversation with a finished tool call, as the loop keeps it.
+ModelRequest Conversation() {
+  ModelRequest r;
+  r.system = "You are a careful agent.";
+  r.max_tokens = 1000;
+  r.messages.push_back({"user", {ContentBlock::Text("List the workspace.")}});
+  r.messages.push_back(
+      {"assistant",
+       {ContentBlock::Text("Looking."),
+        ContentBlock::ToolUse("call_1", "bash", {{"command", "ls"}})}});
+  r.messages.push_back(
+      {"user",
+       {ContentBlock::ToolResult("call_1", "a.txt\n[exit code 0]", false)}});
+  r.tools.push_back({"bash",
+                     "Run a shell command",
+                     {{"type", "object"},
+                      {"properties", {{"command", {{"type", "string"}}}}},
+                      {"required", {"command"}}},
+                     "bash_20250124"});
+  r.tools.push_back(
+      {"lookup",
+       "Look a word up",
+       {{"type", "object"}, {"properties", {{"word", {{"type", "string"}}}}}},
+       ""});
+  return r;
+}
+
+const json kAnthropicAnswer = {
+    {"id", "msg_1"},
+    {"type", "message"},
+    {"role", "assistant"},
+    {"model", "claude-test"},
+    {"content",
+     {{{"type", "text"}, {"text", "Reading it."}},
+      {{"type", "tool_use"},
+       {"id", "toolu_2"},
+       {"name", "str_replace_based_edit_tool"},
+       {"input", {{"command", "view"}, {"path", "/workspace/a.txt"}}}}}},
+    {"stop_reason", "tool_use"},
+    {"usage", {{"input_tokens", 120}, {"output_tokens", 30}}}};
+
+TEST(ModelClientTest, AnthropicSpeaksTheMessagesApi) {
+  FakeApi api{{{"status", 200}, {"body", kAnthropicAnswer}}};
+  auto client = harness::MakeModelClient(Config("anthropic", api.Url()));
+  ASSERT_TRUE(client.has_value()) << client.error().message;
+  auto r = (*client)->Complete(Conversation());
+  ASSERT_TRUE(r.has_value()) << r.error().message;
+  auto reqs = api.Requests();
+  ASSERT_EQ(reqs.size(), 1u);
+  const json& q = reqs[0];
+  EXPECT_EQ(q["path"], "/v1/messages");
+  EXPECT_EQ(q["headers"]["x-api-key"], "sk-test-key");
+  EXPECT_EQ(q["headers"]["anthropic-version"], "2023-06-01");
+  EXPECT_EQ(q["headers"]["content-type"], "application/json");
+  EXPECT_FALSE(q["headers"].contains("authorization"));
+  const json& b = q["body"];
+  EXPECT_EQ(b["model"], "claude-test");
+  EXPECT_EQ(b["max_tokens"], 1000);
+  EXPECT_EQ(b["system"], "You are a careful agent.");
+  ASSERT_EQ(b["messages"].size(), 3u);
+  EXPECT_EQ(b["messages"][1]["content"][1],
+            (json{{"type", "tool_use"},
+                  {"id", "call_1"},
+                  {"name", "bash"},
+                  {"input", {{"command", "ls"}}}}));
+  EXPECT_EQ(b["messages"][2]["content"][0],
+            (json{{"type", "tool_result"},
+                  {"tool_use_id", "call_1"},
+                  {"content", "a.txt\n[exit code 0]"}}));
+  EXPECT_EQ(b["tools"][0], (json{{"type", "bash_20250124"}, {"name", "bash"}}));
+  EXPECT_EQ(b["tools"][1]["input_schema"]["properties"]["word"]["type"],
+            "string");
+  // The answer.
+  EXPECT_EQ(r->stop_reason, "tool_use");
+  EXPECT_EQ(r->usage.input_tokens, 120);
+  EXPECT_EQ(r->usage.output_tokens, 30);
+  ASSERT_EQ(r->message.content.size(), 2u);
+  EXPECT_EQ(r->message.content[0].text, "Reading it.");
+  EXPECT_EQ(r->message.content[1].kind, ContentBlock::Kind::kToolUse);
+  EXPECT_EQ(r->message.content[1].id, "toolu_2");
+  EXPECT_EQ(r->message.content[1].input["path"], "/workspace/a.txt");
+}
+
+TEST(ModelClientTest, OpenAiSpeaksChatCompletionsWithToolCalls) {
+  json answer = {
+      {"id", "chatcmpl-1"},
+      {"model", "gpt-test"},
+      {"choices",
+       {{{"index", 0},
+         {"finish_reason", "tool_calls"},
+         {"message",
+          {{"role", "assistant"},
+           {"content", nullptr},
+           {"tool_calls",
+            {{{"id", "call_9"},
+              {"type", "function"},
+              {"function",
+               {{"name", "bash"}, {"arguments", "{\"command\":\"pwd\"}"}}}},
+             {{"id", "call_10"},
+              {"type", "function"},
+              {"function",
+               {{"name", "bash"}, {"arguments", "{not json"}}}}}}}}}}},
+      {"usage", {{"prompt_tokens", 80}, {"completion_tokens", 12}}}};
+  FakeApi api{{{"status", 200}, {"body", answer}}};
+  auto client = harness::MakeModelClient(Config("openai", api.Url("/v1/")));
+  ASSERT_TRUE(client.has_value());
+  auto r = (*client)->Complete(Conversation());
+  ASSERT_TRUE(r.has_value()) << r.error().message;
+  const json q = api.Requests().at(0);
+  EXPECT_EQ(q["path"], "/v1/chat/completions");
+  EXPECT_EQ(q["headers"]["authorization"], "Bearer sk-test-key");
+  const json& m = q["body"]["messages"];
+  ASSERT_EQ(m.size(), 4u);
+  EXPECT_EQ(m[0], (json{{"role", "system"},
+                        {"content", "You are a careful agent."}}));
+  EXPECT_EQ(m[1], (json{{"role", "user"}, {"content", "List the workspace."}}));
+  EXPECT_EQ(m[2]["role"], "assistant");
+  EXPECT_EQ(m[2]["content"], "Looking.");
+  EXPECT_EQ(m[2]["tool_calls"][0]["function"]["arguments"],
+            "{\"command\":\"ls\"}");
+  EXPECT_EQ(m[3], (json{{"role", "tool"},
+                        {"tool_call_id", "call_1"},
+                        {"content", "a.txt\n[exit code 0]"}}));
+  EXPECT_EQ(q["body"]["max_tokens"], 1000);  // a compatible server
+  EXPECT_EQ(q["body"]["tools"][0]["type"], "function");
+  EXPECT_EQ(q["body"]["tools"][0]["function"]["name"], "bash");
+  EXPECT_EQ(r->stop_reason, "tool_use");
+  EXPECT_EQ(r->usage.input_tokens, 80);
+  ASSERT_EQ(r->message.content.size(), 2u);
+  EXPECT_EQ(r->message.content[0].input["command"], "pwd");
+  // Arguments that are not JSON reach the tool as a string (it refuses).
+  EXPECT_TRUE(r->message.content[1].input.is_string());
+}
+
+TEST(ModelClientTest, RateLimitsAndOverloadsAreRetriedHonouringRetryAfter) {
+  json overloaded = {
+      {"type", "error"},
+      {"error", {{"type", "overloaded_error"}, {"message", "Overloaded"}}}};
+  FakeApi api{{{"status", 429},
+               {"headers", {{"retry-after", "7"}}},
+               {"body", overloaded}},
+              {{"status", 529}, {"body", overloaded}},
+              {{"status", 200}, {"body", kAnthropicAnswer}}};
+  auto config = Config("anthropic", api.Url());
+  std::vector<int64_t> waits;
+  config.retry.sleep = [&](std::chrono::milliseconds ms) {
+    waits.push_back(ms.count());
+  };
+  auto client = harness::MakeModelClient(config);
+  auto r = (*client)->Complete(Conversation());
+  ASSERT_TRUE(r.has_value()) << r.error().message;
+  EXPECT_EQ(r->attempts, 3);
+  EXPECT_EQ(api.Requests().size(), 3u);
+  ASSERT_EQ(waits.size(), 2u);
+  EXPECT_EQ(waits[0], 7000);  // retry-after
+  EXPECT_GE(waits[1], 1000);  // backoff: base 1 s doubled, with jitter
+  EXPECT_LE(waits[1], 2000);
+}
+
+TEST(ModelClientTest, ARejectedKeyFailsAtOnceWithTheApisMessage) {
+  FakeApi api{{{"status", 401},
+               {"body",
+                {{"type", "error"},
+                 {"error",
+                  {{"type", "authentication_error"},
+                   {"message", "invalid x-api-key"}}}}}}};
+  auto client = harness::MakeModelClient(Config("anthropic", api.Url()));
+  auto r = (*client)->Complete(Conversation());
+  ASSERT_FALSE(r.has_value());
+  EXPECT_EQ(r.error().code, EACCES);
+  EXPECT_THAT(r.error().message, HasSubstr("invalid x-api-key"));
+  EXPECT_THAT(r.error().message, HasSubstr("ANTHROPIC_API_KEY"));
+  EXPECT_EQ(api.Requests().size(), 1u);
+}
+
+TEST(ModelClientTest, BadRequestsAndForeignAnswersAreNotRetried) {
+  FakeApi api{{{"status", 400},
+               {"body",
+                {{"error",
+                  {{"message",
+                    "messages: roles must "
+                    "alternate"}}}}}},
+              {{"status", 200}, {"body", "<html>proxy error</html>"}}};
+  auto client = harness::MakeModelClient(Config("anthropic", api.Url()));
+  auto r = (*client)->Complete(Conversation());
+  ASSERT_FALSE(r.has_value());
+  EXPECT_EQ(r.error().code, EINVAL);
+  EXPECT_THAT(r.error().message, HasSubstr("roles must alternate"));
+  r = (*client)->Complete(Conversation());
+  ASSERT_FALSE(r.has_value());
+  EXPECT_EQ(r.error().code, EPROTO);
+  EXPECT_EQ(api.Requests().size(), 2u);
+}
+
+TEST(ModelClientTest, ANetworkFailureIsRetriedThenReported) {
+  // A port nothing listens on.
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a));
+  socklen_t len = sizeof(a);
+  getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
+  close(fd);
+  auto config =
+      Config("openai",
+             "http://127.0.0.1:" + std::to_string(ntohs(a.sin_port)) + "/v1");
+  int waits = 0;
+  config.retry.sleep = [&](std::chrono::milliseconds) { ++waits; };
+  auto client = harness::MakeModelClient(config);
+  auto r = (*client)->Complete(Conversation());
+  ASSERT_FALSE(r.has_value());
+  EXPECT_EQ(r.error().code, ECONNREFUSED);
+  EXPECT_THAT(r.error().message, HasSubstr("after 4 attempts"));
+  EXPECT_EQ(waits, 3);
+}
+
+TEST(ModelClientTest, KeysAndUrlsComeFromTheUsualEnvironmentVariables) {
+  setenv("ANTHROPIC_API_KEY", "from-env", 1);
+  setenv("ANTHROPIC_BASE_URL", "http://proxy.example/v1/", 1);
+  setenv("OPENAI_BASE_URL", "http://localhost:11434/v1", 1);
+  unsetenv("OPENAI_API_KEY");
+  ClientConfig a;
+  a.provider = "anthropic";
+  ASSERT_TRUE(harness::ApplyEnvironment(a).has_value());
+  EXPECT_EQ(a.api_key, "from-env");
+  EXPECT_EQ(a.base_url, "http://proxy.example");
+  ClientConfig o;
+  o.provider = "openai";
+  o.model = "llama";
+  ASSERT_TRUE(harness::ApplyEnvironment(o).has_value());
+  EXPECT_EQ(o.base_url, "http://localhost:11434/v1");
+  // A local server may need no key.
+  EXPECT_TRUE(harness::MakeModelClient(o).has_value());
+  unsetenv("ANTHROPIC_API_KEY");
+  unsetenv("ANTHROPIC_BASE_URL");
+  unsetenv("OPENAI_BASE_URL");
+  // The public APIs do: a clear error before any request.
+  ClientConfig none;
+  none.provider = "anthropic";
+  none.model = "claude-test";
+  auto r = harness::MakeModelClient(none);
+  ASSERT_FALSE(r.has_value());
+  EXPECT_EQ(r.error().code, EACCES);
+  EXPECT_THAT(r.error().message, HasSubstr("set ANTHROPIC_API_KEY"));
+  ClientConfig unknown;
+  unknown.provider = "gemini";
+  EXPECT_FALSE(harness::MakeModelClient(unknown).has_value());
+}
+
+}  // namespace
+}  // namespace agentvfs::testing
