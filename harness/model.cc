@@ -348,6 +348,38 @@ class OpenAiClient final : public ModelClient {
 
 }  // namespace
 
+json MessageToJson(const Message& m) {
+  json content = json::array();
+  for (const auto& b : m.content) {
+    json j = AnthropicBlock(b);
+    if (b.kind == ContentBlock::Kind::kToolUse) j["input"] = b.input;
+    content.push_back(j);
+  }
+  return {{"role", m.role}, {"content", content}};
+}
+
+vfs::Result<Message> MessageFromJson(const json& j) {
+  if (!j.is_object() || !j.contains("role") || !j["role"].is_string() ||
+      !j.contains("content") || !j["content"].is_array())
+    return Fail(EPROTO, "not a message: " + j.dump().substr(0, 200));
+  Message m;
+  m.role = j["role"].get<std::string>();
+  for (const auto& c : j["content"]) {
+    std::string type = c.value("type", "");
+    if (type == "text")
+      m.content.push_back(ContentBlock::Text(c.value("text", std::string())));
+    else if (type == "tool_use")
+      m.content.push_back(ContentBlock::ToolUse(
+          c.value("id", std::string()), c.value("name", std::string()),
+          c.contains("input") ? c["input"] : json::object()));
+    else if (type == "tool_result")
+      m.content.push_back(ContentBlock::ToolResult(
+          c.value("tool_use_id", std::string()),
+          c.value("content", std::string()), c.value("is_error", false)));
+  }
+  return m;
+}
+
 std::unique_ptr<HttpTransport> MakeCurlTransport() {
   return std::make_unique<CurlTransport>();
 }

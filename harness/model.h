@@ -54,6 +54,11 @@ struct Message {
   std::vector<ContentBlock> content;
 };
 
+// A message as JSON in Anthropic's block shapes (for the session log), and
+// back; EPROTO for JSON that is not such a message.
+nlohmann::json MessageToJson(const Message& m);
+vfs::Result<Message> MessageFromJson(const nlohmann::json& j);
+
 struct ToolSpec {
   std::string name;
   std::string description;

@@ -26,7 +26,7 @@ namespace {
 
 // Migrations in order; index + 1 is the schema version each one produces.
 // Never edit a released migration: add a new one.
-constexpr std::array<std::string_view, 1> kMigrations = {
+constexpr std::array<std::string_view, 2> kMigrations = {
     R"sql(
 CREATE TABLE meta(key TEXT PRIMARY KEY, value TEXT NOT NULL);
 CREATE TABLE inodes(
@@ -113,6 +113,32 @@ CREATE TABLE changes(
 INSERT INTO inodes(ino, kind, mode, uid, gid, nlink, size, atime_ns, mtime_ns,
                    ctime_ns)
   VALUES(1, 16384, 493, 0, 0, 2, 0, 0, 0, 0);
+)sql",
+    // 2: the harness's durable sessions: one row per session with its
+    // totals, and its events in order (each appended in its own commit).
+    R"sql(
+CREATE TABLE sessions(
+  id TEXT PRIMARY KEY,
+  user TEXT NOT NULL,
+  created_ns INTEGER NOT NULL,
+  updated_ns INTEGER NOT NULL,
+  state TEXT NOT NULL,
+  reason TEXT NOT NULL DEFAULT '',
+  task TEXT NOT NULL,
+  config TEXT NOT NULL,
+  steps INTEGER NOT NULL DEFAULT 0,
+  input_tokens INTEGER NOT NULL DEFAULT 0,
+  output_tokens INTEGER NOT NULL DEFAULT 0,
+  cost_micros INTEGER NOT NULL DEFAULT 0,
+  elapsed_ms INTEGER NOT NULL DEFAULT 0);
+CREATE INDEX sessions_by_user ON sessions(user, created_ns);
+CREATE TABLE events(
+  session TEXT NOT NULL,
+  seq INTEGER NOT NULL,
+  time_ns INTEGER NOT NULL,
+  kind TEXT NOT NULL,
+  data TEXT NOT NULL,
+  PRIMARY KEY(session, seq));
 )sql",
 };
 

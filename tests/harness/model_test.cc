@@ -15,8 +15,7 @@
 #include <fstream>
 #include <sstream>
 
-#include "tests/support/files.h"
-#include "tests/support/mount_fixture.h"
+#include "tests/harness/fake_api.h"
 
 namespace agentvfs::testing {
 namespace {
@@ -26,57 +25,6 @@ using harness::ContentBlock;
 using harness::ModelRequest;
 using nlohmann::json;
 using ::testing::HasSubstr;
-
-std::string ServerScript() {
-  std::string here = __FILE__;  // tests/harness/model_test.cc
-  return here.substr(0, here.rfind("/harness/")) + "/data/fake_model_server.py";
-}
-
-// The fake API: started with a script of answers, stopped at the end.
-class FakeApi {
- public:
-  FakeApi(std::initializer_list<json> answers) : dir_("agentvfs-fake-api") {
-    std::ofstream(dir_.Sub("script.json")) << json(answers).dump();
-    int out[2];
-    EXPECT_EQ(pipe(out), 0);
-    pid_ = fork();
-    if (pid_ == 0) {
-      dup2(out[1], 1);
-      close(out[0]);
-      std::string script = ServerScript(), s = dir_.Sub("script.json"),
-                  l = dir_.Sub("log.jsonl");
-      execlp("python3", "python3", script.c_str(), s.c_str(), l.c_str(),
-             static_cast<char*>(nullptr));
-      _exit(127);
-    }
-    close(out[1]);
-    char buf[32] = {};
-    ssize_t n = read(out[0], buf, sizeof(buf) - 1);
-    close(out[0]);
-    port_ = n > 0 ? atoi(buf) : 0;
-    EXPECT_GT(port_, 0) << "the fake API did not start";
-  }
-  ~FakeApi() {
-    kill(pid_, SIGKILL);
-    int status;
-    waitpid(pid_, &status, 0);
-  }
-  std::string Url(const std::string& suffix = "") const {
-    return "http://127.0.0.1:" + std::to_string(port_) + suffix;
-  }
-  std::vector<json> Requests() const {
-    std::vector<json> out;
-    std::istringstream lines(ReadFile(dir_.Sub("log.jsonl")).value_or(""));
-    for (std::string line; std::getline(lines, line);)
-      out.push_back(json::parse(line));
-    return out;
-  }
-
- private:
-  TempDir dir_;
-  pid_t pid_ = -1;
-  int port_ = 0;
-};
 
 ClientConfig Config(const std::string& provider, const std::string& url) {
   ClientConfig c;

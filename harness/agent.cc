@@ -1,0 +1,359 @@
+// The agent loop (see agent.h).
+#include "harness/agent.h"
+
+#include <cmath>
+#include <cstdio>
+#include <map>
+
+namespace agentvfs::harness {
+
+using nlohmann::json;
+using vfs::Fail;
+
+namespace {
+
+std::string Short(std::string s, size_t n = 60) {
+  for (char& c : s)
+    if (c == '\n' || c == '\t') c = ' ';
+  if (s.size() > n) s = s.substr(0, n - 3) + "...";
+  return s;
+}
+
+// What a call does, in one line: the command or the path it works on.
+std::string Argument(const ContentBlock& call) {
+  const json& in = call.input;
+  if (!in.is_object()) return "(bad input)";
+  if (in.contains("command") && call.name == "bash" &&
+      in["command"].is_string())
+    return in["command"].get<std::string>();
+  std::string what = in.value("command", std::string());
+  for (const char* key : {"path", "old_path"}) {
+    if (in.contains(key) && in[key].is_string())
+      return what + " " + in[key].get<std::string>();
+  }
+  if (in.value("restart", false)) return "restart";
+  return what;
+}
+
+// The last non-empty line of a tool result (where the exit code is).
+std::string LastLine(const std::string& text) {
+  size_t end = text.find_last_not_of('\n');
+  if (end == std::string::npos) return "";
+  size_t start = text.rfind('\n', end);
+  return text.substr(start == std::string::npos ? 0 : start + 1,
+                     end - (start == std::string::npos ? 0 : start + 1) + 1);
+}
+
+const json kStringProp = {{"type", "string"}};
+
+}  // namespace
+
+std::vector<ToolSpec> AgentTools() {
+  json path = {{"type", "string"},
+               {"description", "Absolute path, e.g. /workspace/a.py"}};
+  json view_range = {{"type", "array"},
+                     {"items", {{"type", "integer"}}},
+                     {"description", "[start, end] lines; end -1: to the end"}};
+  json editor_props = {
+      {"command",
+       {{"type", "string"},
+        {"enum", {"view", "create", "str_replace", "insert"}}}},
+      {"path", path},
+      {"view_range", view_range},
+      {"file_text", kStringProp},
+      {"old_str", kStringProp},
+      {"new_str", kStringProp},
+      {"insert_line", {{"type", "integer"}}},
+      {"insert_text", kStringProp}};
+  json memory_props = editor_props;
+  memory_props["command"]["enum"] = {"view",   "create", "str_replace",
+                                     "insert", "delete", "rename"};
+  memory_props["old_path"] = kStringProp;
+  memory_props["new_path"] = kStringProp;
+  return {
+      {"bash",
+       "Run a shell command in the sandbox (no network). Each call is a new "
+       "bash at /workspace: files, /tmp and background processes carry "
+       "over, cd and variables do not. /memories and /skills are there too.",
+       {{"type", "object"},
+        {"properties",
+         {{"command", kStringProp}, {"restart", {{"type", "boolean"}}}}}},
+       "bash_20250124"},
+      {"str_replace_based_edit_tool",
+       "View, create and edit files in /workspace, /memories and /skills.",
+       {{"type", "object"},
+        {"properties", editor_props},
+        {"required", {"command", "path"}}},
+       "text_editor_20250728"},
+      {"memory",
+       "Your memory in /memories: view, create, str_replace, insert, "
+       "delete, rename. Read it at the start; keep what is worth keeping.",
+       {{"type", "object"},
+        {"properties", memory_props},
+        {"required", {"command"}}},
+       "memory_20250818"},
+  };
+}
+
+Agent::Agent(ModelClient& model, FileTools& files, BashTool& bash,
+             SessionLog& log, SessionInfo session, AgentOptions options)
+    : model_(model),
+      files_(files),
+      bash_(bash),
+      log_(log),
+      session_(std::move(session)),
+      options_(std::move(options)) {}
+
+void Agent::Progress(const std::string& line) {
+  if (options_.progress) options_.progress(line);
+}
+
+std::optional<std::string> Agent::BudgetReached() const {
+  const Budget& b = options_.budget;
+  auto elapsed = elapsed_before_ms_ +
+                 std::chrono::duration_cast<std::chrono::milliseconds>(
+                     std::chrono::steady_clock::now() - run_started_)
+                     .count();
+  if (b.steps > 0 && session_.steps >= b.steps)
+    return "step budget reached (" + std::to_string(session_.steps) +
+           " model calls); resume with a larger --max-steps";
+  if (b.input_tokens > 0 && session_.input_tokens >= b.input_tokens)
+    return "input-token budget reached (" +
+           std::to_string(session_.input_tokens) +
+           "); resume with a larger --max-input-tokens";
+  if (b.output_tokens > 0 && session_.output_tokens >= b.output_tokens)
+    return "output-token budget reached (" +
+           std::to_string(session_.output_tokens) +
+           "); resume with a larger --max-output-tokens";
+  if (b.seconds > 0 && elapsed >= b.seconds * 1000)
+    return "time budget reached (" + std::to_string(elapsed / 1000) +
+           " s); resume with a larger --max-seconds";
+  if (b.cost_usd > 0 && session_.cost_micros >= b.cost_usd * 1e6) {
+    char buf[64];
+    std::snprintf(buf, sizeof(buf), "$%.4f", session_.cost_micros / 1e6);
+    return std::string("cost budget reached (") + buf +
+           "); resume with a larger --max-cost";
+  }
+  return std::nullopt;
+}
+
+vfs::Result<Outcome> Agent::Stop(const std::string& state,
+                                 const std::string& reason,
+                                 const std::string& final_text) {
+  session_.state = state;
+  session_.reason = reason;
+  session_.elapsed_ms = elapsed_before_ms_ +
+                        std::chrono::duration_cast<std::chrono::milliseconds>(
+                            std::chrono::steady_clock::now() - run_started_)
+                            .count();
+  if (auto ok = log_.Append(session_.id, "stopped",
+                            {{"state", state}, {"reason", reason}});
+      !ok)
+    return std::unexpected(ok.error());
+  if (auto ok = log_.Update(session_); !ok) return std::unexpected(ok.error());
+  return Outcome{state, reason, final_text};
+}
+
+ToolResult Agent::RunTool(const ContentBlock& call) {
+  const std::string arg = Argument(call);
+  for (const auto& rule : options_.approvals) {
+    if (!rule.tool.empty() && rule.tool != call.name) continue;
+    bool matches = rule.pattern.empty();
+    if (!matches) {
+      try {
+        matches = std::regex_search(arg, std::regex(rule.pattern));
+      } catch (const std::regex_error&) {
+        matches = true;  // a broken rule asks rather than lets through
+      }
+    }
+    if (!matches) continue;
+    std::string summary = call.name + ": " + arg;
+    bool yes = options_.approve && options_.approve(summary);
+    (void)log_.Append(session_.id, yes ? "approved" : "denied",
+                      {{"id", call.id}, {"summary", summary}});
+    if (!yes)
+      return {"A person denied this call (" + Short(summary, 200) +
+                  "). Do not retry it; continue another way or explain what "
+                  "you need.",
+              true};
+    break;
+  }
+  if (call.name == "bash") return bash_.Run(call.input);
+  if (call.name == "str_replace_based_edit_tool")
+    return files_.Editor(call.input);
+  if (call.name == "memory") return files_.Memory(call.input);
+  return {"Error: there is no tool named '" + call.name +
+              "'; use bash, str_replace_based_edit_tool or memory",
+          true};
+}
+
+vfs::Result<Message> Agent::Answer(
+    const Message& assistant, const std::map<std::string, ToolResult>& done) {
+  Message reply{"user", {}};
+  for (const auto& b : assistant.content) {
+    if (b.kind != ContentBlock::Kind::kToolUse) continue;
+    ToolResult result;
+    if (auto it = done.find(b.id); it != done.end()) {
+      result = it->second;
+    } else {
+      if (auto ok =
+              log_.Append(session_.id, "tool_started",
+                          {{"id", b.id}, {"name", b.name}, {"input", b.input}});
+          !ok)
+        return std::unexpected(ok.error());
+      result = RunTool(b);
+      if (auto ok = log_.Append(session_.id, "tool_finished",
+                                {{"id", b.id},
+                                 {"name", b.name},
+                                 {"result", result.text},
+                                 {"is_error", result.is_error}});
+          !ok)
+        return std::unexpected(ok.error());
+      size_t lines = std::count(result.text.begin(), result.text.end(), '\n');
+      char cost[32];
+      std::snprintf(cost, sizeof(cost), "$%.4f", session_.cost_micros / 1e6);
+      Progress(
+          "[" + std::to_string(session_.steps) + "] " + b.name + ": " +
+          Short(Argument(b)) + " -> " + (result.is_error ? "error: " : "") +
+          Short(LastLine(result.text), 50) + " (" + std::to_string(lines + 1) +
+          " lines) | " + std::to_string(session_.input_tokens) + " in, " +
+          std::to_string(session_.output_tokens) + " out, " + cost);
+    }
+    reply.content.push_back(
+        ContentBlock::ToolResult(b.id, result.text, result.is_error));
+  }
+  return reply;
+}
+
+vfs::Result<Outcome> Agent::Loop(std::vector<Message> messages) {
+  for (;;) {
+    if (auto reached = BudgetReached()) return Stop("budget", *reached);
+    ModelRequest req;
+    req.system = options_.system_prompt;
+    req.messages = messages;
+    req.tools = AgentTools();
+    req.max_tokens = options_.max_tokens;
+    auto r = model_.Complete(req);
+    if (!r) {
+      (void)log_.Append(
+          session_.id, "model_error",
+          {{"errno", r.error().code}, {"message", r.error().message}});
+      return Stop("failed", r.error().message + "; `agentvfs resume " +
+                                session_.id + "` tries again");
+    }
+    session_.steps += 1;
+    session_.input_tokens += r->usage.input_tokens;
+    session_.output_tokens += r->usage.output_tokens;
+    session_.cost_micros += static_cast<int64_t>(
+        std::llround(r->usage.input_tokens * options_.price.input_per_mtok +
+                     r->usage.output_tokens * options_.price.output_per_mtok));
+    if (auto ok = log_.Append(session_.id, "model",
+                              {{"message", MessageToJson(r->message)},
+                               {"usage",
+                                {{"input_tokens", r->usage.input_tokens},
+                                 {"output_tokens", r->usage.output_tokens}}},
+                               {"stop_reason", r->stop_reason},
+                               {"model", r->model},
+                               {"attempts", r->attempts}});
+        !ok)
+      return std::unexpected(ok.error());
+    if (auto ok = log_.Update(session_); !ok)
+      return std::unexpected(ok.error());
+    messages.push_back(r->message);
+    bool calls = std::any_of(
+        r->message.content.begin(), r->message.content.end(),
+        [](const auto& b) { return b.kind == ContentBlock::Kind::kToolUse; });
+    if (!calls) {
+      std::string text;
+      for (const auto& b : r->message.content)
+        if (b.kind == ContentBlock::Kind::kText) text += b.text;
+      Progress("[" + std::to_string(session_.steps) + "] done: " + Short(text));
+      return Stop("done",
+                  r->stop_reason == "max_tokens"
+                      ? "the model stopped at its output limit"
+                      : "the model finished",
+                  text);
+    }
+    auto reply = Answer(r->message, {});
+    if (!reply) return std::unexpected(reply.error());
+    messages.push_back(std::move(*reply));
+  }
+}
+
+vfs::Result<Outcome> Agent::Start(const std::string& task) {
+  run_started_ = std::chrono::steady_clock::now();
+  if (auto ok = log_.Append(session_.id, "task", {{"text", task}}); !ok)
+    return std::unexpected(ok.error());
+  session_.state = "running";
+  if (auto ok = log_.Update(session_); !ok) return std::unexpected(ok.error());
+  return Loop({Message{"user", {ContentBlock::Text(task)}}});
+}
+
+vfs::Result<Outcome> Agent::Resume() {
+  run_started_ = std::chrono::steady_clock::now();
+  elapsed_before_ms_ = session_.elapsed_ms;
+  auto events = log_.Events(session_.user, session_.id);
+  if (!events) return std::unexpected(events.error());
+  std::vector<Message> messages;
+  std::map<std::string, ToolResult> done;  // results since the last model call
+  std::map<std::string, bool> started;
+  for (const auto& e : *events) {
+    if (e.kind == "task") {
+      messages.push_back(
+          {"user", {ContentBlock::Text(e.data.value("text", std::string()))}});
+    } else if (e.kind == "model") {
+      // The previous assistant turn's answers first.
+      if (!messages.empty() && messages.back().role == "assistant") {
+        auto reply = Answer(messages.back(), done);
+        if (!reply) return std::unexpected(reply.error());
+        messages.push_back(std::move(*reply));
+      }
+      done.clear();
+      started.clear();
+      auto m = MessageFromJson(e.data.value("message", json()));
+      if (!m) return std::unexpected(m.error());
+      messages.push_back(std::move(*m));
+    } else if (e.kind == "tool_started") {
+      started[e.data.value("id", std::string())] = true;
+    } else if (e.kind == "tool_finished") {
+      done[e.data.value("id", std::string())] =
+          ToolResult{e.data.value("result", std::string()),
+                     e.data.value("is_error", false)};
+    }
+  }
+  if (messages.empty()) return Fail(EINVAL, "session has no task to resume");
+  if (messages.back().role == "assistant") {
+    const Message& last = messages.back();
+    bool calls = std::any_of(
+        last.content.begin(), last.content.end(),
+        [](const auto& b) { return b.kind == ContentBlock::Kind::kToolUse; });
+    if (!calls && session_.state == "done")
+      return Outcome{"done", session_.reason, ""};
+    // Calls that started and never finished are answered, never rerun.
+    for (const auto& [id, _] : started) {
+      if (!done.count(id)) {
+        done[id] = ToolResult{
+            "This call was interrupted (the harness stopped while it ran); "
+            "it may or may not have taken effect. Check before you repeat "
+            "it.",
+            true};
+        (void)log_.Append(session_.id, "tool_finished",
+                          {{"id", id},
+                           {"result", done[id].text},
+                           {"is_error", true},
+                           {"interrupted", true}});
+      }
+    }
+    if (calls) {
+      auto reply = Answer(last, done);
+      if (!reply) return std::unexpected(reply.error());
+      messages.push_back(std::move(*reply));
+    }
+  }
+  session_.state = "running";
+  (void)log_.Append(session_.id, "resumed", json::object());
+  if (auto ok = log_.Update(session_); !ok) return std::unexpected(ok.error());
+  return Loop(std::move(messages));
+}
+
+}  // namespace agentvfs::harness

@@ -1,0 +1,285 @@
+// The agent loop end to end with a scripted model (the fake API speaking
+// the Messages format), the real router, store and sandbox: tools run,
+// every call is answered, events are recorded, budgets stop and resume,
+// interrupted calls are never rerun, approvals gate calls.
+#include "harness/agent.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include "backends/local_dir/local_dir.h"
+#include "tests/harness/fake_api.h"
+#include "tests/support/store_fixture.h"
+
+namespace agentvfs::testing {
+namespace {
+
+using harness::Agent;
+using harness::AgentOptions;
+using ::testing::HasSubstr;
+
+json ToolUse(const std::string& id, const std::string& name, json input,
+             const std::string& text = "") {
+  json content = json::array();
+  if (!text.empty()) content.push_back({{"type", "text"}, {"text", text}});
+  content.push_back(
+      {{"type", "tool_use"}, {"id", id}, {"name", name}, {"input", input}});
+  return {{"status", 200},
+          {"body",
+           {{"type", "message"},
+            {"role", "assistant"},
+            {"model", "claude-test"},
+            {"content", content},
+            {"stop_reason", "tool_use"},
+            {"usage", {{"input_tokens", 1000}, {"output_tokens", 100}}}}}};
+}
+
+json Final(const std::string& text) {
+  return {{"status", 200},
+          {"body",
+           {{"type", "message"},
+            {"role", "assistant"},
+            {"model", "claude-test"},
+            {"content", {{{"type", "text"}, {"text", text}}}},
+            {"stop_reason", "end_turn"},
+            {"usage", {{"input_tokens", 1200}, {"output_tokens", 50}}}}}};
+}
+
+class AgentTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    auto store = StoreFixture::Create({"alice"});
+    ASSERT_TRUE(store.has_value()) << store.error().message;
+    store_ = std::move(*store);
+    ws_ = std::make_unique<TempDir>("agentvfs-agent-ws");
+    router_ = store_->MakeRouter();
+    auto local = backends::LocalDirBackend::Open(ws_->path());
+    ASSERT_TRUE(local.has_value());
+    ASSERT_TRUE(
+        router_->Mount("/workspace", router_->Adopt(std::move(*local))));
+    caller_ = store_->CallerFor("alice", "agent-s1");
+    sandbox::SandboxOptions o;
+    o.workspace = ws_->path();
+    o.view = router_.get();
+    o.identity = caller_;
+    auto sb = sandbox::Sandbox::Create(o);
+    ASSERT_TRUE(sb.has_value()) << sb.error().message;
+    sandbox_ = std::move(*sb);
+    files_ = std::make_unique<harness::FileTools>(*router_, caller_);
+    sandbox::Limits l;
+    l.timeout_s = 20;
+    bash_ = std::make_unique<harness::BashTool>(*sandbox_, l);
+    backend_ = store_->OpenBackend();
+    log_ = std::make_unique<harness::SessionLog>(backend_->engine());
+    session_.id = caller_.session;
+    session_.user = "alice";
+    session_.state = "new";
+    session_.task = "task";
+    session_.config = json::object();
+    ASSERT_TRUE(log_->Create(session_).has_value());
+  }
+  void TearDown() override {
+    if (sandbox_) sandbox_->Close();
+  }
+  std::unique_ptr<harness::ModelClient> Client(const FakeApi& api) {
+    harness::ClientConfig c;
+    c.provider = "anthropic";
+    c.model = "claude-test";
+    c.api_key = "k";
+    c.base_url = api.Url();
+    c.retry.sleep = [](std::chrono::milliseconds) {};
+    return std::move(*harness::MakeModelClient(c));
+  }
+  Agent MakeAgent(harness::ModelClient& client, AgentOptions options = {}) {
+    options.progress = [this](const std::string& line) {
+      lines_.push_back(line);
+    };
+    auto s = log_->Get("alice", session_.id);
+    return Agent(client, *files_, *bash_, *log_, *s, options);
+  }
+  std::vector<std::string> Kinds() {
+    std::vector<std::string> kinds;
+    for (const auto& e : *log_->Events("alice", session_.id))
+      kinds.push_back(e.kind);
+    return kinds;
+  }
+
+  std::unique_ptr<StoreFixture> store_;
+  std::unique_ptr<TempDir> ws_;
+  std::unique_ptr<router::Router> router_;
+  vfs::Caller caller_;
+  std::unique_ptr<sandbox::Sandbox> sandbox_;
+  std::unique_ptr<harness::FileTools> files_;
+  std::unique_ptr<harness::BashTool> bash_;
+  std::unique_ptr<store::StoreBackend> backend_;
+  std::unique_ptr<harness::SessionLog> log_;
+  harness::SessionInfo session_;
+  std::vector<std::string> lines_;
+};
+
+TEST_F(AgentTest, ARunUsesEveryToolAndAnswersEveryCall) {
+  FakeApi api{
+      ToolUse("t1", "bash", {{"command", "echo 42 > /workspace/answer.txt"}},
+              "Computing."),
+      ToolUse("t2", "str_replace_based_edit_tool",
+              {{"command", "view"}, {"path", "/workspace/answer.txt"}}),
+      ToolUse("t3", "memory",
+              {{"command", "create"},
+               {"path", "/memories/users/alice/answer.md"},
+               {"file_text", "The answer is 42.\n"}}),
+      ToolUse("t4", "no_such_tool", {{"x", 1}}), Final("The answer is 42.")};
+  auto client = Client(api);
+  harness::Price price{3.0, 15.0};
+  AgentOptions options;
+  options.price = price;
+  options.system_prompt = "SYSTEM";
+  auto agent = MakeAgent(*client, options);
+  auto out = agent.Start("Find the answer and remember it.");
+  ASSERT_TRUE(out.has_value()) << out.error().message;
+  EXPECT_EQ(out->state, "done");
+  EXPECT_EQ(out->final_text, "The answer is 42.");
+  EXPECT_EQ(ReadFile(ws_->Sub("answer.txt")), "42\n");
+  // Every request after the first answers the previous calls.
+  auto reqs = api.Requests();
+  ASSERT_EQ(reqs.size(), 5u);
+  EXPECT_EQ(reqs[0]["body"]["system"], "SYSTEM");
+  EXPECT_EQ(reqs[0]["body"]["tools"].size(), 3u);
+  auto last_result = [&](size_t i) {
+    const json& msgs = reqs[i]["body"]["messages"];
+    return msgs[msgs.size() - 1]["content"][0];
+  };
+  EXPECT_EQ(last_result(1)["tool_use_id"], "t1");
+  EXPECT_EQ(last_result(1)["content"], "[exit code 0]");
+  EXPECT_THAT(last_result(2)["content"].get<std::string>(),
+              HasSubstr("     1\t42"));
+  EXPECT_EQ(last_result(3)["content"],
+            "File created successfully at: /memories/users/alice/answer.md");
+  EXPECT_EQ(last_result(4)["is_error"], true);
+  EXPECT_THAT(last_result(4)["content"].get<std::string>(),
+              HasSubstr("no tool named 'no_such_tool'"));
+  // Messages alternate user/assistant throughout.
+  const json& msgs = reqs[4]["body"]["messages"];
+  for (size_t i = 0; i < msgs.size(); ++i)
+    EXPECT_EQ(msgs[i]["role"], i % 2 == 0 ? "user" : "assistant");
+  // The memory reached the store, as alice.
+  auto st = backend_->Stat(
+      caller_, *vfs::Path::Parse("/memories/users/alice/answer.md"));
+  EXPECT_TRUE(st.has_value());
+  // Totals and events.
+  auto s = log_->Get("alice", session_.id);
+  EXPECT_EQ(s->state, "done");
+  EXPECT_EQ(s->steps, 5);
+  EXPECT_EQ(s->input_tokens, 4 * 1000 + 1200);
+  EXPECT_EQ(s->output_tokens, 4 * 100 + 50);
+  EXPECT_EQ(s->cost_micros, (5200 * 3 + 450 * 15));  // $/Mtok x tokens
+  auto kinds = Kinds();
+  EXPECT_EQ(kinds.front(), "task");
+  EXPECT_EQ(std::count(kinds.begin(), kinds.end(), "tool_started"), 4);
+  EXPECT_EQ(std::count(kinds.begin(), kinds.end(), "tool_finished"), 4);
+  EXPECT_EQ(kinds.back(), "stopped");
+  ASSERT_EQ(lines_.size(), 5u);
+  EXPECT_THAT(lines_[0], HasSubstr("bash: echo 42 > /workspace/answer.txt"));
+  EXPECT_THAT(lines_[4], HasSubstr("done"));
+}
+
+TEST_F(AgentTest, ABudgetStopsTheSessionAndResumeGoesOn) {
+  FakeApi api{
+      ToolUse("t1", "bash", {{"command", "echo one >> /workspace/log"}}),
+      ToolUse("t2", "bash", {{"command", "echo two >> /workspace/log"}}),
+      Final("Both written.")};
+  auto client = Client(api);
+  AgentOptions tight;
+  tight.budget.steps = 1;
+  auto first = MakeAgent(*client, tight).Start("Write two lines.");
+  ASSERT_TRUE(first.has_value()) << first.error().message;
+  EXPECT_EQ(first->state, "budget");
+  EXPECT_THAT(first->reason, HasSubstr("--max-steps"));
+  EXPECT_EQ(ReadFile(ws_->Sub("log")), "one\n");
+  EXPECT_EQ(api.Requests().size(), 1u);
+  AgentOptions roomy;
+  roomy.budget.steps = 10;
+  auto second = MakeAgent(*client, roomy).Resume();
+  ASSERT_TRUE(second.has_value()) << second.error().message;
+  EXPECT_EQ(second->state, "done");
+  EXPECT_EQ(ReadFile(ws_->Sub("log")), "one\ntwo\n");  // t1 not rerun
+  auto reqs = api.Requests();
+  ASSERT_EQ(reqs.size(), 3u);
+  // The resumed request carries the whole conversation with t1's answer.
+  const json& msgs = reqs[1]["body"]["messages"];
+  ASSERT_EQ(msgs.size(), 3u);
+  EXPECT_EQ(msgs[2]["content"][0]["tool_use_id"], "t1");
+}
+
+TEST_F(AgentTest, ACallInterruptedByACrashIsReportedNotRerun) {
+  // What a harness killed during t1 left behind: the model's call and
+  // tool_started, no tool_finished.
+  ASSERT_TRUE(log_->Append(session_.id, "task", {{"text", "Delete x."}}));
+  json call = {{"role", "assistant"},
+               {"content",
+                {{{"type", "tool_use"},
+                  {"id", "t1"},
+                  {"name", "bash"},
+                  {"input", {{"command", "echo ran >> /workspace/ran"}}}}}}};
+  ASSERT_TRUE(
+      log_->Append(session_.id, "model",
+                   {{"message", call},
+                    {"usage", {{"input_tokens", 10}, {"output_tokens", 5}}}}));
+  ASSERT_TRUE(log_->Append(session_.id, "tool_started",
+                           {{"id", "t1"}, {"name", "bash"}}));
+  FakeApi api{Final("I will check first.")};
+  auto client = Client(api);
+  auto out = MakeAgent(*client).Resume();
+  ASSERT_TRUE(out.has_value()) << out.error().message;
+  EXPECT_EQ(out->state, "done");
+  EXPECT_FALSE(ReadFile(ws_->Sub("ran")).has_value());  // never run twice
+  const json msgs = api.Requests().at(0)["body"]["messages"];
+  ASSERT_EQ(msgs.size(), 3u);
+  EXPECT_EQ(msgs[2]["content"][0]["tool_use_id"], "t1");
+  EXPECT_EQ(msgs[2]["content"][0]["is_error"], true);
+  EXPECT_THAT(msgs[2]["content"][0]["content"].get<std::string>(),
+              HasSubstr("interrupted"));
+}
+
+TEST_F(AgentTest, ACallThatNeedsApprovalRunsOnlyWhenApproved) {
+  FakeApi api{ToolUse("t1", "bash", {{"command", "rm -rf /workspace/keep"}}),
+              ToolUse("t2", "bash", {{"command", "echo safe > /workspace/s"}}),
+              Final("ok")};
+  ASSERT_EQ(mkdir(ws_->Sub("keep").c_str(), 0755), 0);
+  auto client = Client(api);
+  AgentOptions options;
+  options.approvals = {{"bash", "rm -rf"}};
+  std::vector<std::string> asked;
+  options.approve = [&](const std::string& summary) {
+    asked.push_back(summary);
+    return false;
+  };
+  auto out = MakeAgent(*client, options).Start("Clean up.");
+  ASSERT_TRUE(out.has_value()) << out.error().message;
+  ASSERT_EQ(asked.size(), 1u);  // only the matching call asked
+  EXPECT_THAT(asked[0], HasSubstr("rm -rf /workspace/keep"));
+  struct stat st;
+  EXPECT_EQ(stat(ws_->Sub("keep").c_str(), &st), 0);  // denied: not run
+  EXPECT_EQ(ReadFile(ws_->Sub("s")), "safe\n");
+  const json result = api.Requests().at(1)["body"]["messages"][2]["content"][0];
+  EXPECT_EQ(result["is_error"], true);
+  EXPECT_THAT(result["content"].get<std::string>(), HasSubstr("denied"));
+  auto kinds = Kinds();
+  EXPECT_EQ(std::count(kinds.begin(), kinds.end(), "denied"), 1);
+}
+
+TEST_F(AgentTest, AModelFailureStopsTheSessionResumably) {
+  FakeApi api{{{"status", 400}, {"body", {{"error", {{"message", "bad"}}}}}},
+              Final("fine now")};
+  auto client = Client(api);
+  auto out = MakeAgent(*client).Start("Hello");
+  ASSERT_TRUE(out.has_value());
+  EXPECT_EQ(out->state, "failed");
+  EXPECT_THAT(out->reason, HasSubstr("agentvfs resume"));
+  auto again = MakeAgent(*client).Resume();
+  ASSERT_TRUE(again.has_value());
+  EXPECT_EQ(again->state, "done");
+  EXPECT_EQ(again->final_text, "fine now");
+}
+
+}  // namespace
+}  // namespace agentvfs::testing
