@@ -6,6 +6,7 @@
 #include "cli/exec_command.h"
 #include "cli/history_commands.h"
 #include "cli/mount_command.h"
+#include "cli/run_commands.h"
 #include "cli/skills_commands.h"
 
 int main(int argc, char** argv) {
@@ -19,6 +20,7 @@ int main(int argc, char** argv) {
   agentvfs::cli::AddHistoryCommands(app, &exit_code);
   agentvfs::cli::AddSkillsCommands(app, &exit_code);
   agentvfs::cli::AddExecCommands(app, &exit_code);
+  agentvfs::cli::AddRunCommands(app, &exit_code);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -8,6 +8,8 @@
 #include <fstream>
 
 #include "backends/local_dir/local_dir.h"
+#include "backends/store/skills.h"
+#include "harness/prompt.h"
 #include "tests/support/files.h"
 #include "tests/support/store_fixture.h"
 
@@ -265,6 +267,28 @@ TEST_F(FileToolsTest, AConflictSaysWhoHoldsTheFileAndToReadItAgain) {
            {"old_str", "step 1"},
            {"new_str", "step 1 (done)"}});
   EXPECT_FALSE(r.is_error) << r.text;
+}
+
+}  // namespace
+}  // namespace agentvfs::testing
+
+namespace agentvfs::testing {
+namespace {
+
+TEST_F(FileToolsTest, TheSystemPromptListsReadableSkillsAndWritableMemories) {
+  std::string here = __FILE__;
+  std::string skills = here.substr(0, here.rfind("/harness/")) + "/data/skills";
+  auto backend = store_->OpenBackend();
+  ASSERT_TRUE(store::ImportSkills(*backend, store_->CallerFor("admin"), skills)
+                  .has_value());
+  std::string p = harness::BuildSystemPrompt(*router_, backend->engine(),
+                                             store_->CallerFor("alice", "p"));
+  EXPECT_THAT(p, HasSubstr("user 'alice'"));
+  EXPECT_THAT(p, HasSubstr("- csv-report (/skills/csv-report/SKILL.md): "
+                           "Summarise a CSV file"));
+  EXPECT_THAT(p, HasSubstr("- /memories/users/alice\n"));
+  EXPECT_THAT(p, HasSubstr("- /memories/teams/eng\n"));
+  EXPECT_THAT(p, Not(HasSubstr("/memories/users/bob")));
 }
 
 }  // namespace

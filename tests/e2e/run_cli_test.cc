@@ -1,0 +1,133 @@
+// `agentvfs run`, `sessions`, `show` and `resume` as a person uses them:
+// the real binary and store, the real sandbox, a scripted model API.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include "tests/harness/fake_api.h"
+#include "tests/support/store_fixture.h"
+
+namespace agentvfs::e2e {
+namespace {
+
+using testing::CommandOptions;
+using testing::FakeApi;
+using ::testing::HasSubstr;
+using testing::RunCommand;
+using json = nlohmann::json;
+
+json Bash(const std::string& id, const std::string& command) {
+  return {{"status", 200},
+          {"body",
+           {{"type", "message"},
+            {"role", "assistant"},
+            {"model", "m"},
+            {"content",
+             {{{"type", "tool_use"},
+               {"id", id},
+               {"name", "bash"},
+               {"input", {{"command", command}}}}}},
+            {"stop_reason", "tool_use"},
+            {"usage", {{"input_tokens", 100}, {"output_tokens", 10}}}}}};
+}
+
+json Final(const std::string& text) {
+  return {{"status", 200},
+          {"body",
+           {{"type", "message"},
+            {"role", "assistant"},
+            {"model", "m"},
+            {"content", {{{"type", "text"}, {"text", text}}}},
+            {"stop_reason", "end_turn"},
+            {"usage", {{"input_tokens", 100}, {"output_tokens", 10}}}}}};
+}
+
+class RunCliTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    auto store = testing::StoreFixture::Create({"dev"});
+    ASSERT_TRUE(store.has_value()) << store.error().message;
+    store_ = std::move(*store);
+    ws_ = std::make_unique<testing::TempDir>("agentvfs-run-ws");
+  }
+  testing::CommandResult Agentvfs(std::vector<std::string> args,
+                                  const FakeApi* api = nullptr) {
+    args.insert(args.begin(), AGENTVFS_BINARY);
+    args.insert(args.end(), {"--store", store_->db(), "--token-file",
+                             store_->TokenFile("dev")});
+    CommandOptions o;
+    o.env = {{"ANTHROPIC_API_KEY", "test-key"},
+             {"AGENTVFS_CONFIG", ws_->Sub("no-config.yaml")}};
+    if (api) o.env["ANTHROPIC_BASE_URL"] = api->Url();
+    return RunCommand(args, o);
+  }
+  std::unique_ptr<testing::StoreFixture> store_;
+  std::unique_ptr<testing::TempDir> ws_;
+};
+
+TEST_F(RunCliTest, ARunPrintsOneLinePerStepAndIsListedAndShown) {
+  FakeApi api{
+      Bash("t1", "echo hello > /workspace/out.txt; cat /workspace/out.txt"),
+      Final("Wrote out.txt.")};
+  auto r = Agentvfs({"run", "--workspace", ws_->path(), "Write hello."}, &api);
+  ASSERT_EQ(r.exit_status, 0) << r.output;
+  EXPECT_THAT(r.output, HasSubstr("[1] bash: echo hello > /workspace/out.txt"));
+  EXPECT_THAT(r.output, HasSubstr("-> [exit code 0]"));
+  EXPECT_THAT(r.output, HasSubstr("Wrote out.txt."));
+  EXPECT_THAT(r.output, HasSubstr("done (the model finished); 2 steps"));
+  EXPECT_EQ(testing::ReadFile(ws_->Sub("out.txt")), "hello\n");
+  // The key went to the API in its header, and nowhere into the sandbox.
+  auto reqs = api.Requests();
+  ASSERT_EQ(reqs.size(), 2u);
+  EXPECT_EQ(reqs[0]["headers"]["x-api-key"], "test-key");
+  EXPECT_THAT(reqs[1]["body"]["messages"][2]["content"][0]["content"]
+                  .get<std::string>(),
+              HasSubstr("hello"));
+
+  auto list = Agentvfs({"sessions"});
+  ASSERT_EQ(list.exit_status, 0) << list.output;
+  EXPECT_THAT(list.output, HasSubstr("done"));
+  EXPECT_THAT(list.output, HasSubstr("Write hello."));
+  std::string id = list.output.substr(list.output.find("\nrun-") + 1, 20);
+  auto show = Agentvfs({"show", id});
+  ASSERT_EQ(show.exit_status, 0) << show.output;
+  EXPECT_THAT(show.output, HasSubstr("task: Write hello."));
+  EXPECT_THAT(show.output, HasSubstr("-> bash"));
+  EXPECT_THAT(show.output, HasSubstr("tool_finished: t1"));
+  auto show_json = Agentvfs({"show", id, "--json"});
+  std::istringstream lines(show_json.output);
+  int events = 0;
+  for (std::string line; std::getline(lines, line);) {
+    auto j = json::parse(line, nullptr, false);
+    if (j.is_object() && j.contains("kind")) ++events;
+  }
+  EXPECT_GE(events, 6);  // task, model, started, finished, model, stopped
+}
+
+TEST_F(RunCliTest, ABudgetStopIsResumedWithALargerBudget) {
+  FakeApi api{Bash("t1", "echo 1 >> /workspace/n"),
+              Bash("t2", "echo 2 >> /workspace/n"), Final("Counted.")};
+  auto r = Agentvfs(
+      {"run", "--workspace", ws_->path(), "--max-steps", "1", "Count."}, &api);
+  EXPECT_EQ(r.exit_status, 3) << r.output;
+  EXPECT_THAT(r.output, HasSubstr("step budget reached"));
+  std::string id = r.output.substr(r.output.find("session run-") + 8, 20);
+  auto resumed = Agentvfs({"resume", id, "--max-steps", "10"}, &api);
+  EXPECT_EQ(resumed.exit_status, 0) << resumed.output;
+  EXPECT_EQ(testing::ReadFile(ws_->Sub("n")), "1\n2\n");
+}
+
+TEST_F(RunCliTest, AMissingKeyOrAnotherUsersSessionIsAClearError) {
+  auto r =
+      RunCommand({AGENTVFS_BINARY, "run", "--workspace", ws_->path(), "--store",
+                  store_->db(), "--token-file", store_->TokenFile("dev"), "Hi"},
+                 CommandOptions{.env = {{"ANTHROPIC_API_KEY", ""},
+                                        {"OPENAI_API_KEY", ""}}});
+  EXPECT_NE(r.exit_status, 0);
+  EXPECT_THAT(r.output, HasSubstr("ANTHROPIC_API_KEY"));
+  auto show = Agentvfs({"show", "run-0000000000000000"});
+  EXPECT_NE(show.exit_status, 0);
+  EXPECT_THAT(show.output, HasSubstr("no session"));
+}
+
+}  // namespace
+}  // namespace agentvfs::e2e
