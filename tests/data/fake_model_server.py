@@ -47,5 +47,6 @@ class Handler(http.server.BaseHTTPRequestHandler):
 
 
 server = http.server.HTTPServer(("127.0.0.1", 0), Handler)
-print(server.server_address[1], flush=True)
+sys.stdout.write("%d\n" % server.server_address[1])
+sys.stdout.flush()
 server.serve_forever()

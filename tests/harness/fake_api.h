@@ -45,10 +45,18 @@ class FakeApi {
       _exit(127);
     }
     close(out[1]);
-    char buf[32] = {};
-    ssize_t n = read(out[0], buf, sizeof(buf) - 1);
+    // The port, up to its newline (it may come in more than one write; the
+    // server must not find the pipe closed before it has written it all).
+    std::string line;
+    char c;
+    while (line.size() < 16) {
+      ssize_t n = read(out[0], &c, 1);
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0 || c == '\n') break;
+      line += c;
+    }
     close(out[0]);
-    port_ = n > 0 ? atoi(buf) : 0;
+    port_ = atoi(line.c_str());
     EXPECT_GT(port_, 0) << "the fake API did not start";
   }
   ~FakeApi() {

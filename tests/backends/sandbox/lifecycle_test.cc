@@ -81,7 +81,7 @@ TEST_F(SandboxTest, EndingTheSessionLeavesNothingBehind) {
   auto r = Sh("(setsid sh -c 'sleep 1000; true " + m +
               "' > /dev/null 2>&1 &); echo x > /tmp/t; echo started");
   ASSERT_EQ(r.out.text, "started\n");
-  ASSERT_EQ(ProcessesWith(m).size(), 1u);
+  ASSERT_EQ(SettledCount(m), 1u);
   std::string dir = sandbox_->session_dir();
   auto cgroups = sandbox_->cgroup_dirs();
   // This machine lets the sandbox have cgroups (so they are checked below).

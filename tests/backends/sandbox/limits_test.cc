@@ -66,7 +66,7 @@ TEST_F(SandboxTest, BackgroundProcessesOutliveTheirCommandWithinTheSandbox) {
   auto r =
       Sh("(sh -c 'sleep 1000; true " + m + "' > /dev/null 2>&1 &); echo ok");
   EXPECT_EQ(r.out.text, "ok\n");
-  EXPECT_EQ(ProcessesWith(m).size(), 1u);
+  EXPECT_EQ(SettledCount(m), 1u);
   sandbox_->Kill();
   for (int i = 0; i < 100 && !ProcessesWith(m).empty(); ++i)
     std::this_thread::sleep_for(std::chrono::milliseconds(20));

@@ -4,9 +4,11 @@
 #include <dirent.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <fstream>
 #include <iterator>
 #include <sstream>
+#include <thread>
 
 namespace agentvfs::testing {
 
@@ -66,6 +68,17 @@ std::vector<pid_t> ProcessesWith(const std::string& marker) {
   }
   closedir(d);
   return found;
+}
+
+size_t SettledCount(const std::string& marker) {
+  size_t last = ProcessesWith(marker).size();
+  for (int stable = 0, i = 0; i < 250 && stable < 5; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    size_t now = ProcessesWith(marker).size();
+    stable = now == last ? stable + 1 : 0;
+    last = now;
+  }
+  return last;
 }
 
 std::vector<std::string> MountsUnder(const std::string& prefix) {

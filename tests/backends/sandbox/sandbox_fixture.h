@@ -40,6 +40,10 @@ class SandboxTest : public ::testing::Test {
 
 // Host pids whose command line contains `marker`.
 std::vector<pid_t> ProcessesWith(const std::string& marker);
+// How many processes carry `marker` once the shell that started them (its
+// command line has the marker too) has gone: waits up to 5 s for the count
+// to settle.
+size_t SettledCount(const std::string& marker);
 // Mount points in this process's mount table under `prefix`.
 std::vector<std::string> MountsUnder(const std::string& prefix);
 // The whole content of a host file ("" when missing).
