@@ -33,6 +33,8 @@ struct RunArgs {
   int64_t max_steps = -1, max_input_tokens = -1, max_output_tokens = -1;
   double max_seconds = -1, max_cost = -1;
   double command_timeout = 120;
+  double approval_timeout = -1;
+  std::string call;  // approve, deny
   bool json_events = false;
   std::string task;     // run
   std::string session;  // resume, show
@@ -96,15 +98,16 @@ vfs::Status Configure(const RunArgs& a, harness::ClientConfig& client,
     options.budget.output_tokens = a.max_output_tokens;
   if (a.max_seconds >= 0) options.budget.seconds = a.max_seconds;
   if (a.max_cost >= 0) options.budget.cost_usd = a.max_cost;
-  // A person at a terminal answers approval questions; without one, a call
-  // that needs approval is denied.
-  options.approve = [](const std::string& summary) {
-    if (!isatty(0)) return false;
+  // A person at this terminal answers approval questions; without one, the
+  // session waits for `agentvfs approve|deny` from another terminal.
+  options.approve = [](const std::string& summary) -> std::optional<bool> {
+    if (!isatty(0)) return std::nullopt;
     std::cerr << "approve " << summary << " ? [y/N] " << std::flush;
     std::string line;
     std::getline(std::cin, line);
     return !line.empty() && (line[0] == 'y' || line[0] == 'Y');
   };
+  if (a.approval_timeout >= 0) options.approval_timeout_s = a.approval_timeout;
   return {};
 }
 
@@ -279,6 +282,20 @@ int Show(const RunArgs& a) {
       });
 }
 
+int Approve(const RunArgs& a, bool yes) {
+  const char* cmd = yes ? "approve" : "deny";
+  return RunAsUser(cmd, a.store, cmd, [&](StoreSession& s) -> vfs::Status {
+    harness::SessionLog log(s.backend->engine());
+    if (auto ok =
+            harness::RecordApproval(log, s.caller.user, a.session, a.call, yes);
+        !ok)
+      return ok;
+    std::cout << (yes ? "approved " : "denied ") << a.call << " of session "
+              << a.session << "\n";
+    return {};
+  });
+}
+
 void AddBudgetFlags(CLI::App* c, RunArgs* a) {
   c->add_option("--max-steps", a->max_steps, "Model calls (default 50)");
   c->add_option("--max-input-tokens", a->max_input_tokens,
@@ -295,6 +312,9 @@ void AddBudgetFlags(CLI::App* c, RunArgs* a) {
   c->add_option("--model", a->model, "Model name");
   c->add_option("--base-url", a->base_url,
                 "API base URL (any OpenAI-compatible server with openai)");
+  c->add_option("--approval-timeout", a->approval_timeout,
+                "Seconds to wait for agentvfs approve/deny (default 900; then "
+                "the call is denied)");
   c->add_flag("--json", a->json_events,
               "Print the session's events as JSON lines at the end");
 }
@@ -335,6 +355,19 @@ void AddRunCommands(CLI::App& app, int* exit_code) {
   AddStoreFlags(sessions, &list_args->store);
   sessions->callback(
       [list_args, exit_code] { *exit_code = Sessions(*list_args); });
+
+  for (bool yes : {true, false}) {
+    auto args = std::make_shared<RunArgs>();
+    auto* c = app.add_subcommand(
+        yes ? "approve" : "deny",
+        yes ? "Let a waiting call of a session run"
+            : "Refuse a waiting call of a session (the model is told)");
+    c->add_option("session", args->session, "Session id")->required();
+    c->add_option("call", args->call, "Call id (shown by run and show)")
+        ->required();
+    AddStoreFlags(c, &args->store);
+    c->callback([args, exit_code, yes] { *exit_code = Approve(*args, yes); });
+  }
 
   auto show_args = std::make_shared<RunArgs>();
   auto* show = app.add_subcommand("show", "A session's transcript");

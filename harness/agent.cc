@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstdio>
 #include <map>
+#include <thread>
 
 namespace agentvfs::harness {
 
@@ -168,10 +169,12 @@ ToolResult Agent::RunTool(const ContentBlock& call) {
     }
     if (!matches) continue;
     std::string summary = call.name + ": " + arg;
-    bool yes = options_.approve && options_.approve(summary);
-    (void)log_.Append(session_.id, yes ? "approved" : "denied",
+    std::optional<bool> yes;
+    if (options_.approve) yes = options_.approve(summary);
+    if (!yes) yes = WaitForApproval(call.id, summary);
+    (void)log_.Append(session_.id, *yes ? "approved" : "denied",
                       {{"id", call.id}, {"summary", summary}});
-    if (!yes)
+    if (!*yes)
       return {"A person denied this call (" + Short(summary, 200) +
                   "). Do not retry it; continue another way or explain what "
                   "you need.",
@@ -185,6 +188,56 @@ ToolResult Agent::RunTool(const ContentBlock& call) {
   return {"Error: there is no tool named '" + call.name +
               "'; use bash, str_replace_based_edit_tool or memory",
           true};
+}
+
+bool Agent::WaitForApproval(const std::string& call_id,
+                            const std::string& summary) {
+  (void)log_.Append(session_.id, "approval_requested",
+                    {{"id", call_id}, {"summary", summary}});
+  session_.state = "waiting";
+  (void)log_.Update(session_);
+  Progress("[" + std::to_string(session_.steps) + "] waiting for approval of " +
+           Short(summary, 80) + ": agentvfs approve " + session_.id + " " +
+           call_id + "  (or: agentvfs deny " + session_.id + " " + call_id +
+           ")");
+  auto deadline = std::chrono::steady_clock::now() +
+                  std::chrono::milliseconds(
+                      static_cast<int64_t>(options_.approval_timeout_s * 1000));
+  std::optional<bool> answer;
+  while (!answer && std::chrono::steady_clock::now() < deadline) {
+    if (auto events = log_.Events(session_.user, session_.id)) {
+      for (const auto& e : *events)
+        if (e.kind == "approval" &&
+            e.data.value("id", std::string()) == call_id)
+          answer = e.data.value("yes", false);
+    }
+    if (!answer) std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  }
+  session_.state = "running";
+  (void)log_.Update(session_);
+  return answer.value_or(false);
+}
+
+vfs::Status RecordApproval(SessionLog& log, const std::string& user,
+                           const std::string& id, const std::string& call,
+                           bool yes) {
+  auto events = log.Events(user, id);
+  if (!events) return std::unexpected(events.error());
+  bool waiting = false;
+  for (const auto& e : *events) {
+    if (e.data.value("id", std::string()) != call) continue;
+    if (e.kind == "approval_requested") waiting = true;
+    if (e.kind == "approval" || e.kind == "approved" || e.kind == "denied")
+      waiting = false;
+  }
+  if (!waiting)
+    return Fail(ENOENT, "no call '" + call + "' of session " + id +
+                            " is waiting for approval; `agentvfs show " + id +
+                            "` lists its calls");
+  auto ok =
+      log.Append(id, "approval", {{"id", call}, {"yes", yes}, {"by", user}});
+  if (!ok) return std::unexpected(ok.error());
+  return {};
 }
 
 vfs::Result<Message> Agent::Answer(

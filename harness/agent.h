@@ -19,13 +19,18 @@
 // Resume() with a larger budget goes on.
 //
 // Approvals: a call matching a rule (tool name, a regex over its command or
-// path) runs only if `approve` says yes; a no becomes the tool result, and
-// the loop goes on.
+// path) runs only if a person says yes; a no becomes the tool result, and
+// the loop goes on. `approve` asks a person who is there (at the terminal);
+// when it answers nothing (nullopt), the session records
+// approval_requested {id, summary}, shows as "waiting", and polls for the
+// `approval` event that `agentvfs approve|deny SESSION CALL` appends from
+// another terminal (RecordApproval), up to approval_timeout_s (then no).
 //
 // Thread safety: one Agent per session, used by one thread.
 #pragma once
 
 #include <functional>
+#include <optional>
 #include <regex>
 #include <string>
 #include <vector>
@@ -62,7 +67,9 @@ struct AgentOptions {
   int max_tokens = 8192;
   std::vector<ApprovalRule> approvals;
   // Asked for a call that matches a rule; `summary` says what it would do.
-  std::function<bool(const std::string& summary)> approve;
+  // nullopt (or no function): wait for an answer from another terminal.
+  std::function<std::optional<bool>(const std::string& summary)> approve;
+  double approval_timeout_s = 900;
   // One readable line per step (tool, argument, result, tokens and cost).
   std::function<void(const std::string& line)> progress;
 };
@@ -72,6 +79,12 @@ struct Outcome {
   std::string reason;  // for people
   std::string final_text;
 };
+
+// Answers a waiting approval of call `call` in session `id` of `user`
+// (yes or no). ENOENT when no such call is waiting.
+vfs::Status RecordApproval(SessionLog& log, const std::string& user,
+                           const std::string& id, const std::string& call,
+                           bool yes);
 
 // The tools the loop offers (bash, the text editor, the memory tool).
 std::vector<ToolSpec> AgentTools();
@@ -94,6 +107,7 @@ class Agent {
   vfs::Result<Message> Answer(const Message& assistant,
                               const std::map<std::string, ToolResult>& done);
   ToolResult RunTool(const ContentBlock& call);
+  bool WaitForApproval(const std::string& call_id, const std::string& summary);
   std::optional<std::string> BudgetReached() const;
   vfs::Result<Outcome> Stop(const std::string& state, const std::string& reason,
                             const std::string& final_text = "");

@@ -1,7 +1,13 @@
 // `agentvfs run`, `sessions`, `show` and `resume` as a person uses them:
 // the real binary and store, the real sandbox, a scripted model API.
+#include <fcntl.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+
+#include <fstream>
+#include <thread>
 
 #include "tests/harness/fake_api.h"
 #include "tests/support/store_fixture.h"
@@ -127,6 +133,88 @@ TEST_F(RunCliTest, AMissingKeyOrAnotherUsersSessionIsAClearError) {
   auto show = Agentvfs({"show", "run-0000000000000000"});
   EXPECT_NE(show.exit_status, 0);
   EXPECT_THAT(show.output, HasSubstr("no session"));
+}
+
+}  // namespace
+}  // namespace agentvfs::e2e
+
+namespace agentvfs::e2e {
+namespace {
+
+TEST_F(RunCliTest, AHarnessKilledDuringACallResumesWithoutRunningItTwice) {
+  FakeApi api{Bash("t1",
+                   "echo started > /workspace/started; sleep 30; "
+                   "echo again >> /workspace/finished"),
+              Final("I checked; the step was interrupted.")};
+  pid_t child = fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    setenv("ANTHROPIC_API_KEY", "k", 1);
+    setenv("ANTHROPIC_BASE_URL", api.Url().c_str(), 1);
+    setenv("AGENTVFS_CONFIG", ws_->Sub("no-config.yaml").c_str(), 1);
+    int null = open("/dev/null", O_RDWR);
+    dup2(null, 0);
+    dup2(null, 1);
+    dup2(null, 2);
+    execl(AGENTVFS_BINARY, AGENTVFS_BINARY, "run", "--workspace",
+          ws_->path().c_str(), "--store", store_->db().c_str(), "--token-file",
+          store_->TokenFile("dev").c_str(), "Do the long step.",
+          static_cast<char*>(nullptr));
+    _exit(127);
+  }
+  for (int i = 0; i < 500 && !testing::ReadFile(ws_->Sub("started")); ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  ASSERT_TRUE(testing::ReadFile(ws_->Sub("started")).has_value());
+  ASSERT_EQ(kill(child, SIGKILL), 0);  // in the middle of the tool call
+  int status;
+  waitpid(child, &status, 0);
+  auto list = Agentvfs({"sessions"});
+  std::string id = list.output.substr(list.output.find("\nrun-") + 1, 20);
+  EXPECT_THAT(list.output, HasSubstr("running"));
+  auto resumed = Agentvfs({"resume", id}, &api);
+  EXPECT_EQ(resumed.exit_status, 0) << resumed.output;
+  EXPECT_FALSE(testing::ReadFile(ws_->Sub("finished")).has_value());
+  auto reqs = api.Requests();
+  ASSERT_EQ(reqs.size(), 2u);
+  const json result = reqs[1]["body"]["messages"][2]["content"][0];
+  EXPECT_EQ(result["tool_use_id"], "t1");
+  EXPECT_EQ(result["is_error"], true);
+  EXPECT_THAT(result["content"].get<std::string>(), HasSubstr("interrupted"));
+}
+
+TEST_F(RunCliTest, ACallIsDeniedFromAnotherTerminal) {
+  std::ofstream(ws_->Sub("config.yaml"))
+      << "approvals: [{tool: bash, pattern: \"rm -rf\"}]\n";
+  ASSERT_EQ(mkdir(ws_->Sub("keep").c_str(), 0755), 0);
+  FakeApi api{Bash("t1", "rm -rf /workspace/keep"), Final("Left it.")};
+  testing::CommandResult run;
+  std::thread runner([&] {
+    CommandOptions o;
+    o.env = {{"ANTHROPIC_API_KEY", "k"},
+             {"ANTHROPIC_BASE_URL", api.Url()},
+             {"AGENTVFS_CONFIG", ws_->Sub("config.yaml")}};
+    run = RunCommand(
+        {AGENTVFS_BINARY, "run", "--workspace", ws_->path(), "--store",
+         store_->db(), "--token-file", store_->TokenFile("dev"), "Clean up."},
+        o);
+  });
+  std::string id;
+  for (int i = 0; i < 300 && id.empty(); ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    auto list = Agentvfs({"sessions"});
+    if (list.output.find("waiting") != std::string::npos)
+      id = list.output.substr(list.output.find("\nrun-") + 1, 20);
+  }
+  ASSERT_FALSE(id.empty()) << "the session never waited for approval";
+  auto deny = Agentvfs({"deny", id, "t1"});
+  EXPECT_EQ(deny.exit_status, 0) << deny.output;
+  runner.join();
+  EXPECT_EQ(run.exit_status, 0) << run.output;
+  EXPECT_THAT(run.output, HasSubstr("agentvfs approve " + id + " t1"));
+  struct stat st;
+  EXPECT_EQ(stat(ws_->Sub("keep").c_str(), &st), 0);  // not run
+  const json result = api.Requests().at(1)["body"]["messages"][2]["content"][0];
+  EXPECT_THAT(result["content"].get<std::string>(), HasSubstr("denied"));
 }
 
 }  // namespace

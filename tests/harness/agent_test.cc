@@ -7,8 +7,11 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <thread>
+
 #include "backends/local_dir/local_dir.h"
 #include "tests/harness/fake_api.h"
+#include "tests/support/result_matchers.h"
 #include "tests/support/store_fixture.h"
 
 namespace agentvfs::testing {
@@ -265,6 +268,52 @@ TEST_F(AgentTest, ACallThatNeedsApprovalRunsOnlyWhenApproved) {
   EXPECT_THAT(result["content"].get<std::string>(), HasSubstr("denied"));
   auto kinds = Kinds();
   EXPECT_EQ(std::count(kinds.begin(), kinds.end(), "denied"), 1);
+}
+
+TEST_F(AgentTest, AnApprovalCanComeFromAnotherTerminal) {
+  FakeApi api{ToolUse("t1", "bash", {{"command", "echo ok > /workspace/ran"}}),
+              Final("done")};
+  auto client = Client(api);
+  AgentOptions options;
+  options.approvals = {{"bash", ""}};  // every bash call
+  options.approve = [](const std::string&) { return std::nullopt; };
+  // Another terminal: waits for the request, then approves it.
+  std::thread person([this] {
+    for (int i = 0; i < 200; ++i) {
+      auto events = log_->Events("alice", session_.id);
+      bool asked = false;
+      for (const auto& e : *events) asked |= e.kind == "approval_requested";
+      if (asked) {
+        EXPECT_EQ(harness::RecordApproval(*log_, "bob", session_.id, "t1", true)
+                      .error()
+                      .code,
+                  ENOENT);  // not bob's session
+        EXPECT_ERRNO(
+            harness::RecordApproval(*log_, "alice", session_.id, "t9", true),
+            ENOENT);  // no such call waiting
+        EXPECT_TRUE(
+            harness::RecordApproval(*log_, "alice", session_.id, "t1", true));
+        return;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+    ADD_FAILURE() << "no approval was requested";
+  });
+  auto out = MakeAgent(*client, options).Start("Run it.");
+  person.join();
+  ASSERT_TRUE(out.has_value()) << out.error().message;
+  EXPECT_EQ(out->state, "done");
+  EXPECT_EQ(ReadFile(ws_->Sub("ran")), "ok\n");
+  // The waiting line told the person what to type.
+  bool told = false;
+  for (const auto& l : lines_)
+    told |=
+        l.find("agentvfs approve " + session_.id + " t1") != std::string::npos;
+  EXPECT_TRUE(told);
+  // Answered once: a second answer is refused.
+  EXPECT_ERRNO(
+      harness::RecordApproval(*log_, "alice", session_.id, "t1", false),
+      ENOENT);
 }
 
 TEST_F(AgentTest, AModelFailureStopsTheSessionResumably) {
