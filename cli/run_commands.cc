@@ -2,8 +2,8 @@
 // flags, else the config file ($AGENTVFS_CONFIG or
 // ~/.config/agentvfs/config.yaml: `provider`, `model`, `base_url`,
 // `prices: {MODEL: {input: USD_PER_MTOK, output: USD_PER_MTOK}}`,
-// `approvals: [{tool: bash, pattern: "rm -rf|git push"}]`), else the
-// environment (ANTHROPIC_API_KEY / OPENAI_API_KEY and their _BASE_URL).
+// `approvals: [{tool: bash, pattern: "rm -rf|git push"}]`, `api_key`), else
+// the environment (ANTHROPIC_API_KEY / OPENAI_API_KEY and their _BASE_URL).
 #include "cli/run_commands.h"
 
 #include <unistd.h>
@@ -75,6 +75,9 @@ vfs::Status Configure(const RunArgs& a, harness::ClientConfig& client,
     client.model =
         client.provider == "openai" ? "gpt-4.1" : "claude-sonnet-4-5";
   client.base_url = pick(a.base_url, "base_url");
+  // The key: the config file (keep it mode 0600), else the environment;
+  // never a command-line argument (anyone can read argv in /proc).
+  if (root["api_key"]) client.api_key = root["api_key"].as<std::string>();
   try {
     if (root["prices"] && root["prices"][client.model]) {
       options.price.input_per_mtok =
