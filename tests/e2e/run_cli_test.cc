@@ -219,3 +219,30 @@ TEST_F(RunCliTest, ACallIsDeniedFromAnotherTerminal) {
 
 }  // namespace
 }  // namespace agentvfs::e2e
+
+namespace agentvfs::e2e {
+namespace {
+
+TEST_F(RunCliTest, TheModelAndKeyMayComeFromTheConfigFile) {
+  FakeApi api{Final("Hi.")};
+  std::ofstream(ws_->Sub("config.yaml"))
+      << "provider: anthropic\nmodel: claude-from-config\napi_key: "
+         "key-from-config\nbase_url: "
+      << api.Url()
+      << "\nprices: {claude-from-config: {input: 30, output: 150}}\n";
+  auto r = RunCommand(
+      {AGENTVFS_BINARY, "run", "--workspace", ws_->path(), "--store",
+       store_->db(), "--token-file", store_->TokenFile("dev"), "Say hi."},
+      CommandOptions{.env = {{"ANTHROPIC_API_KEY", ""},
+                             {"AGENTVFS_CONFIG", ws_->Sub("config.yaml")}}});
+  EXPECT_EQ(r.exit_status, 0) << r.output;
+  auto reqs = api.Requests();
+  ASSERT_EQ(reqs.size(), 1u);
+  EXPECT_EQ(reqs[0]["headers"]["x-api-key"], "key-from-config");
+  EXPECT_EQ(reqs[0]["body"]["model"], "claude-from-config");
+  // 100 in x $30 + 10 out x $150 per million tokens.
+  EXPECT_THAT(r.output, HasSubstr("$0.0045"));
+}
+
+}  // namespace
+}  // namespace agentvfs::e2e
