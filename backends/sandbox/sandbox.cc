@@ -31,6 +31,7 @@
 #include <cerrno>
 #include <chrono>
 #include <cmath>
+#include <condition_variable>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -497,6 +498,24 @@ void SweepStaleSessions(const std::string& state) {
   for (const auto& dir : stale) {
     Log()->info("removing the stale sandbox session {} (its process is gone)",
                 dir);
+    // Any process still naming the session directory (a bwrap that outlived
+    // its owner) goes first: only this uid's or, as root, a sandbox uid's.
+    if (DIR* procs = opendir("/proc")) {
+      while (dirent* pe = readdir(procs)) {
+        pid_t pid = static_cast<pid_t>(atol(pe->d_name));
+        if (pid <= 0) continue;
+        struct stat pst;
+        std::string pdir = std::string("/proc/") + pe->d_name;
+        if (stat(pdir.c_str(), &pst) != 0) continue;
+        bool mine =
+            pst.st_uid == geteuid() || (root && pst.st_uid >= kHostIdBase &&
+                                        pst.st_uid < kHostIdBase + 65536u);
+        if (!mine) continue;
+        std::string cmdline = ReadSmallFile(pdir + "/cmdline");
+        if (cmdline.find(dir + "/") != std::string::npos) kill(pid, SIGKILL);
+      }
+      closedir(procs);
+    }
     for (const char* m : {"/view", "/ws"}) {
       std::string point = dir + m;
       if (umount2(point.c_str(), MNT_DETACH | UMOUNT_NOFOLLOW) != 0 &&
@@ -563,6 +582,47 @@ struct Sandbox::View {
     if (runner.joinable()) runner.join();
     if (server) server->Unmount();
   }
+};
+
+// One thread that runs jobs handed to it, one at a time; see EnsureRunning.
+class Sandbox::Launcher {
+ public:
+  Launcher() : thread_([this] { Loop(); }) {}
+  ~Launcher() {
+    {
+      std::lock_guard lock(mu_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    thread_.join();
+  }
+  pid_t Run(const std::function<pid_t()>& job) {
+    std::unique_lock lock(mu_);
+    job_ = &job;
+    done_ = false;
+    cv_.notify_all();
+    cv_.wait(lock, [this] { return done_; });
+    return result_;
+  }
+
+ private:
+  void Loop() {
+    std::unique_lock lock(mu_);
+    for (;;) {
+      cv_.wait(lock, [this] { return stop_ || job_ != nullptr; });
+      if (stop_) return;
+      result_ = (*job_)();
+      job_ = nullptr;
+      done_ = true;
+      cv_.notify_all();
+    }
+  }
+  std::mutex mu_;  // guards everything below
+  std::condition_variable cv_;
+  const std::function<pid_t()>* job_ = nullptr;
+  pid_t result_ = -1;
+  bool done_ = false, stop_ = false;
+  std::thread thread_;
 };
 
 class Sandbox::Instance {
@@ -715,6 +775,7 @@ vfs::Result<std::unique_ptr<Sandbox>> Sandbox::Create(SandboxOptions options) {
                 (options.host_gid && *options.host_gid != getegid())))
     return Fail(EPERM, "only root can run the sandbox under another uid");
   std::unique_ptr<Sandbox> sb(new Sandbox(std::move(options)));
+  sb->launcher_ = std::make_unique<Launcher>();
   uint16_t pick = 0;
   if (getrandom(&pick, sizeof(pick), 0) != sizeof(pick)) pick = getpid();
   sb->host_uid_ =
@@ -1048,6 +1109,7 @@ vfs::Status Sandbox::EnsureRunning(bool* fresh) {
                                 "--unshare-cgroup-try",
                                 "--hostname",
                                 options_.hostname,
+                                "--die-with-parent",
                                 "--new-session",
                                 "--as-pid-1",
                                 "--cap-drop",
@@ -1113,55 +1175,62 @@ vfs::Status Sandbox::EnsureRunning(bool* fresh) {
   const bool drop = drop_;
   const uid_t uid = host_uid_;
   const gid_t gid = host_gid_;
-  pid_t pid = fork();
+  // bwrap is forked by the launcher thread, which lives as long as this
+  // Sandbox: --die-with-parent (the death signal of the forking *thread*)
+  // then ends the sandbox exactly when the session or this process ends,
+  // also while bwrap is still setting up.
+  pid_t pid = launcher_->Run([&]() -> pid_t {
+    pid_t pid = fork();
+    if (pid == 0) {
+      // Only async-signal-safe calls from here to exec.
+      setsid();
+      // A session keyring of its own: not the caller's (root's keys).
+      syscall(SYS_keyctl, KEYCTL_JOIN_SESSION_KEYRING, nullptr);
+      for (const std::string* procs : {&pids_procs, &mem_procs}) {
+        if (procs->empty()) continue;
+        int fd = open(procs->c_str(), O_WRONLY | O_CLOEXEC);
+        if (fd >= 0) {
+          WriteNumber(fd, getpid());
+          close(fd);
+        }
+      }
+      if (drop) {
+        if (setgroups(0, nullptr) != 0 || setresgid(gid, gid, gid) != 0 ||
+            setresuid(uid, uid, uid) != 0)
+          _exit(126);
+      }
+      sigset_t none;
+      sigemptyset(&none);
+      sigprocmask(SIG_SETMASK, &none, nullptr);
+      for (int s = 1; s < NSIG; ++s) signal(s, SIG_DFL);
+      dup2(null_fd, 0);
+      dup2(null_fd, 1);
+      dup2(log_fd >= 0 ? log_fd : null_fd, 2);
+      // fds 3, 4 and 5: the control socket, bwrap's info pipe and the seccomp
+      // program; every other descriptor of this process (the store's database
+      // among them) closes.
+      int sock_fd = fcntl(sp[1], F_DUPFD_CLOEXEC, 10);
+      int info_fd = fcntl(info[1], F_DUPFD_CLOEXEC, 10);
+      int filter_fd = fcntl(seccomp_fd, F_DUPFD_CLOEXEC, 10);
+      dup2(sock_fd, 3);
+      dup2(info_fd, 4);
+      dup2(filter_fd, 5);
+      syscall(SYS_close_range, 6, ~0U, 0);
+      execve(argv[0][0] == '/' ? argv[0] : "/usr/bin/bwrap", argv.data(), envp);
+      if (argv[0][0] != '/') {
+        // Not found where Debian puts it: search PATH ourselves.
+        execvpe(argv[0], argv.data(), envp);
+      }
+      _exit(127);
+    }
+    return pid;
+  });
   if (pid < 0) {
     int err = errno;
     for (int fd : {sp[1], info[0], info[1], log_fd, null_fd, seccomp_fd})
       if (fd >= 0) close(fd);
     inst->KillAndReap();
     return Fail(err, "fork: " + ErrText(err));
-  }
-  if (pid == 0) {
-    // Only async-signal-safe calls from here to exec.
-    setsid();
-    // A session keyring of its own: not the caller's (root's keys).
-    syscall(SYS_keyctl, KEYCTL_JOIN_SESSION_KEYRING, nullptr);
-    for (const std::string* procs : {&pids_procs, &mem_procs}) {
-      if (procs->empty()) continue;
-      int fd = open(procs->c_str(), O_WRONLY | O_CLOEXEC);
-      if (fd >= 0) {
-        WriteNumber(fd, getpid());
-        close(fd);
-      }
-    }
-    if (drop) {
-      if (setgroups(0, nullptr) != 0 || setresgid(gid, gid, gid) != 0 ||
-          setresuid(uid, uid, uid) != 0)
-        _exit(126);
-    }
-    sigset_t none;
-    sigemptyset(&none);
-    sigprocmask(SIG_SETMASK, &none, nullptr);
-    for (int s = 1; s < NSIG; ++s) signal(s, SIG_DFL);
-    dup2(null_fd, 0);
-    dup2(null_fd, 1);
-    dup2(log_fd >= 0 ? log_fd : null_fd, 2);
-    // fds 3, 4 and 5: the control socket, bwrap's info pipe and the seccomp
-    // program; every other descriptor of this process (the store's database
-    // among them) closes.
-    int sock_fd = fcntl(sp[1], F_DUPFD_CLOEXEC, 10);
-    int info_fd = fcntl(info[1], F_DUPFD_CLOEXEC, 10);
-    int filter_fd = fcntl(seccomp_fd, F_DUPFD_CLOEXEC, 10);
-    dup2(sock_fd, 3);
-    dup2(info_fd, 4);
-    dup2(filter_fd, 5);
-    syscall(SYS_close_range, 6, ~0U, 0);
-    execve(argv[0][0] == '/' ? argv[0] : "/usr/bin/bwrap", argv.data(), envp);
-    if (argv[0][0] != '/') {
-      // Not found where Debian puts it: search PATH ourselves.
-      execvpe(argv[0], argv.data(), envp);
-    }
-    _exit(127);
   }
   inst->bwrap_pid = pid;
   for (int fd : {sp[1], info[1], log_fd, null_fd, seccomp_fd})

@@ -166,6 +166,7 @@ class Sandbox {
   std::vector<std::string> cgroup_dirs() const;
 
   class Instance;  // one running bwrap sandbox
+  class Launcher;  // the thread that forks bwrap
 
  private:
   explicit Sandbox(SandboxOptions options);
@@ -187,6 +188,7 @@ class Sandbox {
   mutable std::mutex
       instance_mu_;  // guards the instance_ pointer (Kill() reads it)
   std::unique_ptr<Instance> instance_;
+  std::unique_ptr<Launcher> launcher_;
   void DropInstance();  // kills and reaps the running sandbox, if any
   struct View;
   std::unique_ptr<View> view_;

@@ -102,8 +102,8 @@ class AgentTest : public ::testing::Test {
   }
   std::vector<std::string> Kinds() {
     std::vector<std::string> kinds;
-    for (const auto& e : *log_->Events("alice", session_.id))
-      kinds.push_back(e.kind);
+    auto events = log_->Events("alice", session_.id);  // kept alive below
+    for (const auto& e : *events) kinds.push_back(e.kind);
     return kinds;
   }
 

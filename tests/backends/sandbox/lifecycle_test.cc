@@ -165,6 +165,10 @@ TEST_F(SandboxTest, ASessionWhoseProcessDiedIsClearedByTheNext) {
   auto next = sandbox::Sandbox::Create(o);
   ASSERT_TRUE(next.has_value()) << next.error().message;
   EXPECT_TRUE(MountsUnder(dir).empty());
+  // No process of the dead session is left (bwrap names its directory).
+  for (int i = 0; i < 100 && !ProcessesWith(dir + "/").empty(); ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  EXPECT_TRUE(ProcessesWith(dir + "/").empty());
   struct stat st;
   EXPECT_NE(stat(dir.c_str(), &st), 0) << dir << " is still there";
   // The workspace was not touched by the removal.
