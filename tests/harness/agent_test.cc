@@ -7,6 +7,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <functional>
 #include <thread>
 
 #include "backends/local_dir/local_dir.h"
@@ -211,6 +212,42 @@ TEST_F(AgentTest, ABudgetStopsTheSessionAndResumeGoesOn) {
   const json& msgs = reqs[1]["body"]["messages"];
   ASSERT_EQ(msgs.size(), 3u);
   EXPECT_EQ(msgs[2]["content"][0]["tool_use_id"], "t1");
+}
+
+TEST_F(AgentTest, TokenTimeAndCostBudgetsStopTheSessionToo) {
+  struct Case {
+    const char* name;
+    std::function<void(harness::Budget&)> set;
+    const char* reason;
+  };
+  const Case cases[] = {
+      {"input tokens", [](harness::Budget& b) { b.input_tokens = 500; },
+       "input-token budget"},
+      {"output tokens", [](harness::Budget& b) { b.output_tokens = 50; },
+       "output-token budget"},
+      {"cost", [](harness::Budget& b) { b.cost_usd = 0.001; }, "cost budget"},
+      {"time", [](harness::Budget& b) { b.seconds = 0.001; }, "time budget"},
+  };
+  for (const auto& k : cases) {
+    SCOPED_TRACE(k.name);
+    harness::SessionInfo s = session_;
+    s.id = std::string("budget-") + k.name;
+    ASSERT_TRUE(log_->Create(s).has_value());
+    FakeApi api{ToolUse("t1", "bash", {{"command", "true"}}), Final("never")};
+    auto client = Client(api);
+    AgentOptions options;
+    k.set(options.budget);
+    options.price = {3.0, 15.0};  // 1000 in + 100 out = $0.0045 > $0.001
+    Agent agent(*client, *files_, *bash_, *log_, s, options);
+    auto out = agent.Start("Go.");
+    ASSERT_TRUE(out.has_value()) << out.error().message;
+    EXPECT_EQ(out->state, "budget");
+    EXPECT_THAT(out->reason, HasSubstr(k.reason));
+    // Stopped before the second call (the time budget may run out before
+    // the first).
+    EXPECT_LE(api.Requests().size(), 1u);
+    if (std::string(k.name) != "time") EXPECT_EQ(api.Requests().size(), 1u);
+  }
 }
 
 TEST_F(AgentTest, ACallInterruptedByACrashIsReportedNotRerun) {
