@@ -141,7 +141,20 @@ int Drive(const RunArgs& a, bool resume) {
                   vfs::Error{EINVAL, "no workspace: pass --workspace DIR"});
   harness::ClientConfig client_config;
   harness::AgentOptions options;
-  if (auto ok = Configure(a, client_config, options); !ok)
+  RunArgs settings = a;
+  if (resume) {
+    // The session goes on with the model it started with, unless flags say
+    // otherwise.
+    auto recorded = [&info](std::string& field, const char* key) {
+      if (field.empty() && info.config.contains(key) &&
+          info.config[key].is_string())
+        field = info.config[key].get<std::string>();
+    };
+    recorded(settings.provider, "provider");
+    recorded(settings.model, "model");
+    recorded(settings.base_url, "base_url");
+  }
+  if (auto ok = Configure(settings, client_config, options); !ok)
     return Report(cmd, ok.error());
   auto client = harness::MakeModelClient(client_config);
   if (!client) return Report(cmd, client.error());
@@ -166,7 +179,8 @@ int Drive(const RunArgs& a, bool resume) {
     info.task = a.task;
     info.config = {{"workspace", std::filesystem::absolute(workspace).string()},
                    {"provider", client_config.provider},
-                   {"model", client_config.model}};
+                   {"model", client_config.model},
+                   {"base_url", client_config.base_url}};
     if (auto ok = log.Create(info); !ok) return Report(cmd, ok.error());
   }
   sandbox::SandboxOptions so;
@@ -199,7 +213,8 @@ int Drive(const RunArgs& a, bool resume) {
                           {"time_ns", e.time_ns},
                           {"kind", e.kind},
                           {"data", e.data}}
-                         .dump()
+                         .dump(-1, ' ', false,
+                               nlohmann::json::error_handler_t::replace)
                   << "\n";
   } else if (!out->final_text.empty()) {
     std::cout << "\n" << out->final_text << "\n";
@@ -255,7 +270,8 @@ int Show(const RunArgs& a) {
                               {"time_ns", e.time_ns},
                               {"kind", e.kind},
                               {"data", e.data}}
-                             .dump()
+                             .dump(-1, ' ', false,
+                                   nlohmann::json::error_handler_t::replace)
                       << "\n";
             continue;
           }
@@ -268,8 +284,10 @@ int Show(const RunArgs& a) {
               if (b.value("type", "") == "text")
                 line += "\n    " + b.value("text", std::string());
               if (b.value("type", "") == "tool_use")
-                line += "\n    -> " + b.value("name", std::string()) + " " +
-                        b["input"].dump();
+                line +=
+                    "\n    -> " + b.value("name", std::string()) + " " +
+                    b["input"].dump(-1, ' ', false,
+                                    nlohmann::json::error_handler_t::replace);
             }
           } else if (e.kind == "tool_finished") {
             std::string r = d.value("result", std::string());
@@ -277,7 +295,8 @@ int Show(const RunArgs& a) {
                     (d.value("is_error", false) ? " (error)" : "") + "\n    " +
                     r.substr(0, 2000);
           } else {
-            line += d.dump();
+            line += d.dump(-1, ' ', false,
+                           nlohmann::json::error_handler_t::replace);
           }
           std::cout << line << "\n";
         }

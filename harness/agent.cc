@@ -1,9 +1,13 @@
 // The agent loop (see agent.h).
 #include "harness/agent.h"
 
+#include <unistd.h>
+
 #include <cmath>
 #include <cstdio>
+#include <fstream>
 #include <map>
+#include <sstream>
 #include <thread>
 
 namespace agentvfs::harness {
@@ -20,7 +24,9 @@ std::string Short(std::string s, size_t n = 60) {
   return s;
 }
 
-// What a call does, in one line: the command or the path it works on.
+// What a call does, in one line: the command, or the command and every
+// path it names (normalised, so that approval rules see what will be
+// touched: /workspace//a/../b is /workspace/b).
 std::string Argument(const ContentBlock& call) {
   const json& in = call.input;
   if (!in.is_object()) return "(bad input)";
@@ -28,12 +34,41 @@ std::string Argument(const ContentBlock& call) {
       in["command"].is_string())
     return in["command"].get<std::string>();
   std::string what = in.value("command", std::string());
-  for (const char* key : {"path", "old_path"}) {
-    if (in.contains(key) && in[key].is_string())
-      return what + " " + in[key].get<std::string>();
+  for (const char* key : {"path", "old_path", "new_path"}) {
+    if (!in.contains(key) || !in[key].is_string()) continue;
+    auto p = vfs::Path::Parse(in[key].get<std::string>());
+    what += " " + (p ? p->str() : in[key].get<std::string>());
   }
   if (in.value("restart", false)) return "restart";
   return what;
+}
+
+// `s` with every byte that is not part of valid UTF-8 replaced by U+FFFD
+// (command output is bytes; the APIs and the event log take text).
+std::string ValidUtf8(const std::string& s) {
+  std::string out;
+  out.reserve(s.size());
+  size_t i = 0;
+  while (i < s.size()) {
+    unsigned char c = static_cast<unsigned char>(s[i]);
+    size_t len = c < 0x80         ? 1
+                 : (c >> 5) == 6  ? 2
+                 : (c >> 4) == 14 ? 3
+                 : (c >> 3) == 30 ? 4
+                                  : 0;
+    bool ok = len > 0 && i + len <= s.size();
+    for (size_t k = 1; ok && k < len; ++k)
+      ok = (static_cast<unsigned char>(s[i + k]) >> 6) == 2;
+    if (ok && len == 2 && c < 0xC2) ok = false;  // overlong
+    if (ok) {
+      out.append(s, i, len);
+      i += len;
+    } else {
+      out += "\xEF\xBF\xBD";
+      ++i;
+    }
+  }
+  return out;
 }
 
 // The last non-empty line of a tool result (where the exit code is).
@@ -46,6 +81,10 @@ std::string LastLine(const std::string& text) {
 }
 
 const json kStringProp = {{"type", "string"}};
+
+const char* const kInterrupted =
+    "This call was interrupted (the harness stopped while it ran); it may "
+    "or may not have taken effect. Check before you repeat it.";
 
 }  // namespace
 
@@ -192,8 +231,10 @@ ToolResult Agent::RunTool(const ContentBlock& call) {
 
 bool Agent::WaitForApproval(const std::string& call_id,
                             const std::string& summary) {
-  (void)log_.Append(session_.id, "approval_requested",
-                    {{"id", call_id}, {"summary", summary}});
+  auto asked = log_.Append(session_.id, "approval_requested",
+                           {{"id", call_id}, {"summary", summary}});
+  if (!asked) return false;
+  const int64_t asked_seq = *asked;
   session_.state = "waiting";
   (void)log_.Update(session_);
   Progress("[" + std::to_string(session_.steps) + "] waiting for approval of " +
@@ -241,13 +282,17 @@ vfs::Status RecordApproval(SessionLog& log, const std::string& user,
 }
 
 vfs::Result<Message> Agent::Answer(
-    const Message& assistant, const std::map<std::string, ToolResult>& done) {
+    const Message& assistant, const std::map<std::string, ToolResult>& done,
+    bool run_missing) {
   Message reply{"user", {}};
   for (const auto& b : assistant.content) {
     if (b.kind != ContentBlock::Kind::kToolUse) continue;
     ToolResult result;
     if (auto it = done.find(b.id); it != done.end()) {
       result = it->second;
+    } else if (!run_missing) {
+      // An earlier turn of a replayed session: never run now.
+      result = {kInterrupted, true};
     } else {
       if (auto ok =
               log_.Append(session_.id, "tool_started",
@@ -255,6 +300,7 @@ vfs::Result<Message> Agent::Answer(
           !ok)
         return std::unexpected(ok.error());
       result = RunTool(b);
+      result.text = ValidUtf8(result.text);
       if (auto ok = log_.Append(session_.id, "tool_finished",
                                 {{"id", b.id},
                                  {"name", b.name},
@@ -320,6 +366,11 @@ vfs::Result<Outcome> Agent::Loop(std::vector<Message> messages) {
       std::string text;
       for (const auto& b : r->message.content)
         if (b.kind == ContentBlock::Kind::kText) text += b.text;
+      if (r->stop_reason == "refusal") {
+        Progress("[" + std::to_string(session_.steps) +
+                 "] refused: " + Short(text));
+        return Stop("failed", "the model refused the request", text);
+      }
       Progress("[" + std::to_string(session_.steps) + "] done: " + Short(text));
       return Stop("done",
                   r->stop_reason == "max_tokens"
@@ -327,14 +378,68 @@ vfs::Result<Outcome> Agent::Loop(std::vector<Message> messages) {
                       : "the model finished",
                   text);
     }
+    if (r->stop_reason == "max_tokens") {
+      // The output was cut: its last call may be incomplete. None is run;
+      // each is answered so, and the model tries again.
+      std::map<std::string, ToolResult> cut;
+      for (const auto& b : r->message.content)
+        if (b.kind == ContentBlock::Kind::kToolUse)
+          cut[b.id] = {
+              "Not run: your output reached max_tokens, so this call "
+              "may be incomplete. Send it again, shorter (e.g. write "
+              "long content in several steps).",
+              true};
+      auto reply = Answer(r->message, cut);
+      if (!reply) return std::unexpected(reply.error());
+      messages.push_back(std::move(*reply));
+      continue;
+    }
     auto reply = Answer(r->message, {});
     if (!reply) return std::unexpected(reply.error());
     messages.push_back(std::move(*reply));
   }
 }
 
+std::string OwnerStamp() {
+  std::ifstream f("/proc/self/stat");
+  std::string stat((std::istreambuf_iterator<char>(f)),
+                   std::istreambuf_iterator<char>());
+  auto paren = stat.rfind(')');
+  std::string start;
+  if (paren != std::string::npos) {
+    std::istringstream fields(stat.substr(paren + 2));
+    std::string v;
+    for (int i = 3; i <= 22 && fields >> v; ++i)
+      if (i == 22) start = v;
+  }
+  char host[256] = {};
+  gethostname(host, sizeof(host) - 1);
+  return std::string(host) + " " + std::to_string(getpid()) + " " + start;
+}
+
+bool OwnerAlive(const std::string& stamp) {
+  std::istringstream in(stamp);
+  std::string host, start;
+  long pid = 0;
+  if (!(in >> host >> pid >> start) || pid <= 0) return false;
+  char me[256] = {};
+  gethostname(me, sizeof(me) - 1);
+  if (host != me) return true;  // another host's: assume it runs
+  std::ifstream f("/proc/" + std::to_string(pid) + "/stat");
+  std::string stat((std::istreambuf_iterator<char>(f)),
+                   std::istreambuf_iterator<char>());
+  auto paren = stat.rfind(')');
+  if (paren == std::string::npos) return false;
+  std::istringstream fields(stat.substr(paren + 2));
+  std::string v;
+  for (int i = 3; i <= 22 && fields >> v; ++i)
+    if (i == 22) return v == start;
+  return false;
+}
+
 vfs::Result<Outcome> Agent::Start(const std::string& task) {
   run_started_ = std::chrono::steady_clock::now();
+  session_.config["owner"] = OwnerStamp();
   if (auto ok = log_.Append(session_.id, "task", {{"text", task}}); !ok)
     return std::unexpected(ok.error());
   session_.state = "running";
@@ -344,6 +449,17 @@ vfs::Result<Outcome> Agent::Start(const std::string& task) {
 
 vfs::Result<Outcome> Agent::Resume() {
   run_started_ = std::chrono::steady_clock::now();
+  // One harness per session: a live one is never joined by a second, which
+  // would run the same calls again.
+  if ((session_.state == "running" || session_.state == "waiting") &&
+      session_.config.contains("owner") &&
+      session_.config["owner"].is_string() &&
+      OwnerAlive(session_.config["owner"].get<std::string>()))
+    return Fail(EBUSY, "session " + session_.id +
+                           " is being run by another harness (" +
+                           session_.config["owner"].get<std::string>() +
+                           "); wait for it to end, or stop it first");
+  session_.config["owner"] = OwnerStamp();
   elapsed_before_ms_ = session_.elapsed_ms;
   auto events = log_.Events(session_.user, session_.id);
   if (!events) return std::unexpected(events.error());
@@ -357,7 +473,7 @@ vfs::Result<Outcome> Agent::Resume() {
     } else if (e.kind == "model") {
       // The previous assistant turn's answers first.
       if (!messages.empty() && messages.back().role == "assistant") {
-        auto reply = Answer(messages.back(), done);
+        auto reply = Answer(messages.back(), done, /*run_missing=*/false);
         if (!reply) return std::unexpected(reply.error());
         messages.push_back(std::move(*reply));
       }
@@ -380,16 +496,20 @@ vfs::Result<Outcome> Agent::Resume() {
     bool calls = std::any_of(
         last.content.begin(), last.content.end(),
         [](const auto& b) { return b.kind == ContentBlock::Kind::kToolUse; });
-    if (!calls && session_.state == "done")
-      return Outcome{"done", session_.reason, ""};
+    if (!calls) {
+      // The model had finished; the harness stopped before recording it.
+      std::string text;
+      for (const auto& b : last.content)
+        if (b.kind == ContentBlock::Kind::kText) text += b.text;
+      if (session_.state == "done")
+        return Outcome{"done", session_.reason, text};
+      run_started_ = std::chrono::steady_clock::now();
+      return Stop("done", "the model finished", text);
+    }
     // Calls that started and never finished are answered, never rerun.
     for (const auto& [id, _] : started) {
       if (!done.count(id)) {
-        done[id] = ToolResult{
-            "This call was interrupted (the harness stopped while it ran); "
-            "it may or may not have taken effect. Check before you repeat "
-            "it.",
-            true};
+        done[id] = ToolResult{kInterrupted, true};
         (void)log_.Append(session_.id, "tool_finished",
                           {{"id", id},
                            {"result", done[id].text},

@@ -104,8 +104,11 @@ class Agent {
  private:
   vfs::Result<Outcome> Loop(std::vector<Message> messages);
   // Runs (or refuses) the calls of `assistant` not answered in `done`.
+  // `run_missing`: run the calls not in `done` (false: answer them as
+  // interrupted, for earlier turns of a replayed session).
   vfs::Result<Message> Answer(const Message& assistant,
-                              const std::map<std::string, ToolResult>& done);
+                              const std::map<std::string, ToolResult>& done,
+                              bool run_missing = true);
   ToolResult RunTool(const ContentBlock& call);
   bool WaitForApproval(const std::string& call_id, const std::string& summary);
   std::optional<std::string> BudgetReached() const;

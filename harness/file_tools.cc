@@ -250,7 +250,9 @@ vfs::Status FileTools::Replace(
                             "edit text");
   auto changed = edit(data);
   if (!changed) return std::unexpected(changed.error());
-  if (auto t = (*h)->Truncate(0); !t) return t;
+  // Written over the old bytes first, then cut to the new length: a crash
+  // in between leaves the new text (and maybe old bytes after it), never an
+  // empty file. (The store commits the whole edit at Flush in any case.)
   size_t off = 0;
   while (off < changed->size()) {
     auto n = (*h)->Write(changed->data() + off, changed->size() - off,
@@ -258,6 +260,8 @@ vfs::Status FileTools::Replace(
     if (!n) return std::unexpected(n.error());
     off += *n;
   }
+  if (auto t = (*h)->Truncate(static_cast<off_t>(changed->size())); !t)
+    return t;
   return (*h)->Flush();
 }
 
@@ -349,7 +353,16 @@ ToolResult FileTools::View(const vfs::Path& path, const json& input) {
   std::string body = Snippet(*data, from, to);
   if (body.size() > kMaxViewBytes) {
     body.resize(kMaxViewBytes);
-    body.resize(body.rfind('\n') + 1);
+    size_t nl = body.rfind('\n');
+    if (nl == std::string::npos) {
+      // One line longer than the whole view: show its start.
+      return {"Here's the start of line " + std::to_string(from) + " of " +
+                  path.str() + " (the line is longer than " +
+                  HumanSize(kMaxViewBytes) +
+                  "B; use bash, e.g. cut -c or fold, to see more):\n" + body,
+              false};
+    }
+    body.resize(nl + 1);
     int64_t shown = from + std::count(body.begin(), body.end(), '\n') - 1;
     body += "[... cut after line " + std::to_string(shown) + " of " +
             std::to_string(lines) + "; view the rest with view_range [" +
@@ -399,7 +412,7 @@ ToolResult FileTools::StrReplace(const vfs::Path& path,
       Replace(path, [&](const std::string& text) -> vfs::Result<std::string> {
         std::vector<int64_t> lines;
         for (size_t at = text.find(old_str); at != std::string::npos;
-             at = text.find(old_str, at + 1))
+             at = text.find(old_str, at + old_str.size()))
           lines.push_back(LineOf(text, at));
         if (lines.empty()) {
           refusal = "No replacement was performed, old_str `" + old_str +

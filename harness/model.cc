@@ -244,9 +244,10 @@ class AnthropicClient final : public ModelClient {
       }
     }
     ModelResponse out;
-    auto r = PostWithRetries(*transport_, config_.retry,
-                             config_.base_url + "/v1/messages", headers,
-                             body.dump(), "ANTHROPIC_API_KEY", &out.attempts);
+    auto r = PostWithRetries(
+        *transport_, config_.retry, config_.base_url + "/v1/messages", headers,
+        body.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace),
+        "ANTHROPIC_API_KEY", &out.attempts);
     if (!r) return std::unexpected(r.error());
     json j = json::parse(r->body, nullptr, false);
     if (!j.is_object() || !j.contains("content") || !j["content"].is_array())
@@ -297,9 +298,11 @@ class OpenAiClient final : public ModelClient {
         "content-type: application/json",
         "authorization: Bearer " + config_.api_key};
     ModelResponse out;
-    auto r = PostWithRetries(*transport_, config_.retry,
-                             config_.base_url + "/chat/completions", headers,
-                             body.dump(), "OPENAI_API_KEY", &out.attempts);
+    auto r = PostWithRetries(
+        *transport_, config_.retry, config_.base_url + "/chat/completions",
+        headers,
+        body.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace),
+        "OPENAI_API_KEY", &out.attempts);
     if (!r) return std::unexpected(r.error());
     json j = json::parse(r->body, nullptr, false);
     if (!j.is_object() || !j.contains("choices") || !j["choices"].is_array() ||
@@ -361,7 +364,10 @@ json MessageToJson(const Message& m) {
 vfs::Result<Message> MessageFromJson(const json& j) {
   if (!j.is_object() || !j.contains("role") || !j["role"].is_string() ||
       !j.contains("content") || !j["content"].is_array())
-    return Fail(EPROTO, "not a message: " + j.dump().substr(0, 200));
+    return Fail(EPROTO, "not a message: " +
+                            j.dump(-1, ' ', false,
+                                   nlohmann::json::error_handler_t::replace)
+                                .substr(0, 200));
   Message m;
   m.role = j["role"].get<std::string>();
   for (const auto& c : j["content"]) {
@@ -428,8 +434,12 @@ json OpenAiRequestBody(const ClientConfig& config,
                {"type", "function"},
                {"function",
                 {{"name", b.name},
-                 {"arguments", b.input.is_string() ? b.input.get<std::string>()
-                                                   : b.input.dump()}}}});
+                 {"arguments",
+                  b.input.is_string()
+                      ? b.input.get<std::string>()
+                      : b.input.dump(
+                            -1, ' ', false,
+                            nlohmann::json::error_handler_t::replace)}}}});
       }
       msg["content"] = text.empty() ? json(nullptr) : json(text);
       if (!calls.empty()) msg["tool_calls"] = calls;

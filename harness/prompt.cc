@@ -20,7 +20,10 @@ std::string BuildSystemPrompt(vfs::Backend& router, store::Engine& engine,
       "- /skills: skills. Each is a folder with SKILL.md (read it before "
       "using the skill) and its scripts and resources; run scripts with the "
       "bash tool, e.g. python3 /skills/NAME/scripts/x.py.\n"
-      "Commands run in a sandbox without network. A write that conflicts "
+      "Commands run in a sandbox without network. Each bash call starts a "
+      "new shell in /workspace: cd and variables do not carry over (use "
+      "absolute paths or `cd DIR && ...` in one call); files, /tmp and "
+      "background processes do. A write that conflicts "
       "with someone else's is rejected: read the file again and redo the "
       "change.\n";
   std::vector<std::string> skills, invalid;

@@ -51,7 +51,8 @@ vfs::Status SessionLog::Create(const SessionInfo& info) {
         "INSERT INTO sessions(id, user, created_ns, updated_ns, state, task, "
         "config) VALUES(?, ?, ?, ?, ?, ?, ?)",
         {info.id, info.user, now, now, info.state, info.task,
-         info.config.dump()});
+         info.config.dump(-1, ' ', false,
+                          nlohmann::json::error_handler_t::replace)});
     if (!r) return std::unexpected(r.error());
     return {};
   });
@@ -104,7 +105,8 @@ vfs::Result<int64_t> SessionLog::Append(const std::string& id,
     auto r = txn.Exec(
         "INSERT INTO events(session, seq, time_ns, kind, data) "
         "VALUES(?, ?, ?, ?, ?)",
-        {id, seq, now, kind, data.dump()});
+        {id, seq, now, kind,
+         data.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace)});
     if (!r) return std::unexpected(r.error());
     auto u =
         txn.Exec("UPDATE sessions SET updated_ns = ? WHERE id = ?", {now, id});
@@ -141,7 +143,10 @@ vfs::Status SessionLog::Update(const SessionInfo& s) {
         "input_tokens = ?, output_tokens = ?, cost_micros = ?, elapsed_ms = ?, "
         "config = ? WHERE id = ?",
         {s.state, s.reason, NowNs(), s.steps, s.input_tokens, s.output_tokens,
-         s.cost_micros, s.elapsed_ms, s.config.dump(), s.id});
+         s.cost_micros, s.elapsed_ms,
+         s.config.dump(-1, ' ', false,
+                       nlohmann::json::error_handler_t::replace),
+         s.id});
     if (!r) return std::unexpected(r.error());
     return {};
   });

@@ -88,6 +88,8 @@ TEST_F(RunCliTest, ARunPrintsOneLinePerStepAndIsListedAndShown) {
   EXPECT_THAT(reqs[1]["body"]["messages"][2]["content"][0]["content"]
                   .get<std::string>(),
               HasSubstr("hello"));
+  for (const auto& q : reqs)
+    EXPECT_EQ(q["body"].dump().find("test-key"), std::string::npos);
 
   auto list = Agentvfs({"sessions"});
   ASSERT_EQ(list.exit_status, 0) << list.output;
@@ -100,6 +102,7 @@ TEST_F(RunCliTest, ARunPrintsOneLinePerStepAndIsListedAndShown) {
   EXPECT_THAT(show.output, HasSubstr("-> bash"));
   EXPECT_THAT(show.output, HasSubstr("tool_finished: t1"));
   auto show_json = Agentvfs({"show", id, "--json"});
+  EXPECT_EQ(show_json.output.find("test-key"), std::string::npos);
   std::istringstream lines(show_json.output);
   int events = 0;
   for (std::string line; std::getline(lines, line);) {
@@ -174,6 +177,14 @@ TEST_F(RunCliTest, AHarnessKilledDuringACallResumesWithoutRunningItTwice) {
   auto resumed = Agentvfs({"resume", id}, &api);
   EXPECT_EQ(resumed.exit_status, 0) << resumed.output;
   EXPECT_FALSE(testing::ReadFile(ws_->Sub("finished")).has_value());
+  // The killed harness's command is gone too (its sandbox died with it).
+  for (const auto& name :
+       testing::ListDir("/proc").value_or(std::vector<std::string>{})) {
+    auto cmdline = testing::ReadFile("/proc/" + name + "/cmdline");
+    if (atoi(name.c_str()) > 0 && cmdline)
+      EXPECT_EQ(cmdline->find("/workspace/finished"), std::string::npos)
+          << "process " << name << " outlived its harness";
+  }
   auto reqs = api.Requests();
   ASSERT_EQ(reqs.size(), 2u);
   const json result = reqs[1]["body"]["messages"][2]["content"][0];

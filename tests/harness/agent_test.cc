@@ -353,6 +353,49 @@ TEST_F(AgentTest, AnApprovalCanComeFromAnotherTerminal) {
       ENOENT);
 }
 
+TEST_F(AgentTest, OutputThatIsNotUtf8ReachesTheModelReplaced) {
+  FakeApi api{
+      ToolUse("t1", "bash", {{"command", "printf 'caf\\351 \\377 ok'"}}),
+      Final("done")};
+  auto client = Client(api);
+  auto out = MakeAgent(*client).Start("Print bytes.");
+  ASSERT_TRUE(out.has_value()) << out.error().message;
+  EXPECT_EQ(out->state, "done");
+  const json result = api.Requests().at(1)["body"]["messages"][2]["content"][0];
+  EXPECT_EQ(result["content"], "caf\ufffd \ufffd ok\n[exit code 0]");
+}
+
+TEST_F(AgentTest, ALiveSessionIsNotResumedBySecondHarness) {
+  FakeApi api{ToolUse("t1", "bash", {{"command", "true"}}), Final("done")};
+  auto client = Client(api);
+  AgentOptions tight;
+  tight.budget.steps = 1;
+  ASSERT_EQ(MakeAgent(*client, tight).Start("Go.")->state, "budget");
+  // Pretend this process is still running it.
+  auto s = log_->Get("alice", session_.id);
+  auto running = *s;
+  running.state = "running";
+  ASSERT_TRUE(log_->Update(running).has_value());
+  Agent second(*client, *files_, *bash_, *log_, running, {});
+  auto r = second.Resume();
+  ASSERT_FALSE(r.has_value());
+  EXPECT_EQ(r.error().code, EBUSY);
+  EXPECT_THAT(r.error().message, HasSubstr("another harness"));
+}
+
+TEST_F(AgentTest, CallsCutByMaxTokensAreNotRun) {
+  json cut = ToolUse("t1", "bash", {{"command", "echo ran > /workspace/cut"}});
+  cut["body"]["stop_reason"] = "max_tokens";
+  FakeApi api{cut, Final("ok")};
+  auto client = Client(api);
+  auto out = MakeAgent(*client).Start("Go.");
+  ASSERT_TRUE(out.has_value()) << out.error().message;
+  EXPECT_FALSE(ReadFile(ws_->Sub("cut")).has_value());
+  const json result = api.Requests().at(1)["body"]["messages"][2]["content"][0];
+  EXPECT_EQ(result["is_error"], true);
+  EXPECT_THAT(result["content"].get<std::string>(), HasSubstr("max_tokens"));
+}
+
 TEST_F(AgentTest, AModelFailureStopsTheSessionResumably) {
   FakeApi api{{{"status", 400}, {"body", {{"error", {{"message", "bad"}}}}}},
               Final("fine now")};

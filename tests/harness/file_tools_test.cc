@@ -205,6 +205,14 @@ TEST_F(FileToolsTest, TheMemoryToolDeletesAndRenamesInsideMemoriesOnly) {
   EXPECT_TRUE(r.is_error);
 }
 
+TEST_F(FileToolsTest, ALineLongerThanTheViewShowsItsStart) {
+  std::ofstream(ws_->Sub("min.js")) << std::string(300 * 1024, 'x') << "\n";
+  auto r = Edit({{"command", "view"}, {"path", "/workspace/min.js"}});
+  EXPECT_FALSE(r.is_error);
+  EXPECT_THAT(r.text, HasSubstr("start of line 1"));
+  EXPECT_THAT(r.text, HasSubstr("xxxxxxxx"));
+}
+
 TEST_F(FileToolsTest, MalformedInputBecomesAnErrorResult) {
   for (const json& bad :
        {json::array(), json{{"path", "/workspace/a"}},
@@ -236,10 +244,14 @@ TEST_F(FileToolsTest, GrantsApplyAsForEveryOtherEntryPoint) {
   EXPECT_THAT(r.text, Not(HasSubstr("bob only")));
   r = Mem({{"command", "view"}, {"path", "/memories/users"}});
   EXPECT_THAT(r.text, Not(HasSubstr("bob")));
-  r = Edit({{"command", "create"},
-            {"path", "/skills/mine/SKILL.md"},
-            {"file_text", "x"}});
+  EXPECT_THAT(r.text, HasSubstr("Here are the files"));  // it was listed
+  r = Mem({{"command", "view"}, {"path", "/memories/users/bob/private.md"}});
+  EXPECT_THAT(r.text, HasSubstr("no such file"));
+  // /skills exists and is readable, not writable, for alice.
+  r = Edit(
+      {{"command", "create"}, {"path", "/skills/mine.md"}, {"file_text", "x"}});
   EXPECT_TRUE(r.is_error);
+  EXPECT_THAT(r.text, HasSubstr("may not create /skills/mine.md"));
 }
 
 TEST_F(FileToolsTest, AConflictSaysWhoHoldsTheFileAndToReadItAgain) {
