@@ -133,12 +133,16 @@ TEST_F(SandboxTest, ASessionWhoseProcessDiedIsClearedByTheNext) {
           static_cast<char*>(nullptr));
     _exit(127);
   }
-  // The marker is in the command line of `agentvfs exec` itself too: wait
-  // for a process of the sandbox that has it.
+  // The marker is in the command line of `agentvfs exec` itself too, and
+  // of any child it forks before an exec (e.g. the helper that makes the
+  // workspace's user namespace): wait for a process of the sandbox, whose
+  // command line is the script alone.
   auto in_sandbox = [&] {
     auto pids = ProcessesWith(m);
-    return std::count_if(pids.begin(), pids.end(),
-                         [&](pid_t p) { return p != child; });
+    return std::count_if(pids.begin(), pids.end(), [&](pid_t p) {
+      return ReadHostFile("/proc/" + std::to_string(p) + "/cmdline")
+                 .find("--workspace") == std::string::npos;
+    });
   };
   for (int i = 0; i < 500 && in_sandbox() == 0; ++i)
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
