@@ -114,6 +114,15 @@ vfs::Status Configure(const RunArgs& a, harness::ClientConfig& client,
   return {};
 }
 
+// One event as a JSON line (run --json, show --json).
+std::string EventLine(const harness::Event& e) {
+  return json{{"seq", e.seq},
+              {"time_ns", e.time_ns},
+              {"kind", e.kind},
+              {"data", e.data}}
+      .dump(-1, ' ', false, json::error_handler_t::replace);
+}
+
 std::string Dollars(int64_t micros) {
   char buf[32];
   std::snprintf(buf, sizeof(buf), "$%.4f", micros / 1e6);
@@ -208,14 +217,7 @@ int Drive(const RunArgs& a, bool resume) {
   if (!out) return Report(cmd, out.error());
   if (a.json_events) {
     if (auto events = log.Events(info.user, info.id))
-      for (const auto& e : *events)
-        std::cout << json{{"seq", e.seq},
-                          {"time_ns", e.time_ns},
-                          {"kind", e.kind},
-                          {"data", e.data}}
-                         .dump(-1, ' ', false,
-                               nlohmann::json::error_handler_t::replace)
-                  << "\n";
+      for (const auto& e : *events) std::cout << EventLine(e) << "\n";
   } else if (!out->final_text.empty()) {
     std::cout << "\n" << out->final_text << "\n";
   }
@@ -266,13 +268,7 @@ int Show(const RunArgs& a) {
         if (!events) return std::unexpected(events.error());
         for (const auto& e : *events) {
           if (a.json_events) {
-            std::cout << json{{"seq", e.seq},
-                              {"time_ns", e.time_ns},
-                              {"kind", e.kind},
-                              {"data", e.data}}
-                             .dump(-1, ' ', false,
-                                   nlohmann::json::error_handler_t::replace)
-                      << "\n";
+            std::cout << EventLine(e) << "\n";
             continue;
           }
           std::string line = When(e.time_ns) + "  " + e.kind + ": ";

@@ -3,22 +3,19 @@
 
 #include <chrono>
 
+#include "backends/store/namespace.h"
+
 namespace agentvfs::harness {
 
 using nlohmann::json;
 using store::AsInt;
 using store::AsText;
 using store::Durability;
+using store::NowNs;
 using store::Txn;
 using vfs::Fail;
 
 namespace {
-
-int64_t NowNs() {
-  return std::chrono::duration_cast<std::chrono::nanoseconds>(
-             std::chrono::system_clock::now().time_since_epoch())
-      .count();
-}
 
 constexpr const char* kColumns =
     "id, user, state, reason, task, config, created_ns, updated_ns, steps, "
