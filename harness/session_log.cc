@@ -18,7 +18,7 @@ using vfs::Fail;
 namespace {
 
 constexpr const char* kColumns =
-    "id, user, state, reason, task, config, created_ns, updated_ns, steps, "
+    "id, \"user\", state, reason, task, config, created_ns, updated_ns, steps, "
     "input_tokens, output_tokens, cost_micros, elapsed_ms";
 
 SessionInfo FromRow(const store::Row& r) {
@@ -45,7 +45,7 @@ vfs::Status SessionLog::Create(const SessionInfo& info) {
   int64_t now = NowNs();
   return engine_.Write(Durability::kFull, [&](Txn& txn) -> vfs::Status {
     auto r = txn.Exec(
-        "INSERT INTO sessions(id, user, created_ns, updated_ns, state, task, "
+        "INSERT INTO sessions(id, \"user\", created_ns, updated_ns, state, task, "
         "config) VALUES(?, ?, ?, ?, ?, ?, ?)",
         {info.id, info.user, now, now, info.state, info.task,
          info.config.dump(-1, ' ', false,
@@ -60,7 +60,7 @@ vfs::Result<SessionInfo> SessionLog::Get(const std::string& user,
   SessionInfo out;
   auto ok = engine_.Read([&](Txn& txn) -> vfs::Status {
     auto rows = txn.Query(std::string("SELECT ") + kColumns +
-                              " FROM sessions WHERE id = ? AND user = ?",
+                              " FROM sessions WHERE id = ? AND \"user\" = ?",
                           {id, user});
     if (!rows) return std::unexpected(rows.error());
     if (rows->empty())
@@ -78,7 +78,7 @@ vfs::Result<std::vector<SessionInfo>> SessionLog::List(
   std::vector<SessionInfo> out;
   auto ok = engine_.Read([&](Txn& txn) -> vfs::Status {
     auto rows = txn.Query(std::string("SELECT ") + kColumns +
-                              " FROM sessions WHERE user = ? "
+                              " FROM sessions WHERE \"user\" = ? "
                               "ORDER BY created_ns",
                           {user});
     if (!rows) return std::unexpected(rows.error());

@@ -188,7 +188,7 @@ vfs::Result<std::string> AddUser(Engine& e, const std::string& actor,
     for (const auto& team : teams) {
       TRY(EnsureTeam(txn, team));
       TRY(Exec(txn,
-               "INSERT INTO members(team, user) VALUES(?, ?) "
+               "INSERT INTO members(team, \"user\") VALUES(?, ?) "
                "ON CONFLICT DO NOTHING",
                {team, name}));
     }
@@ -238,7 +238,7 @@ vfs::Status AddMember(Engine& e, const std::string& actor,
     TRY(UserExists(txn, user));
     TRY(EnsureTeam(txn, team));
     return Exec(txn,
-                "INSERT INTO members(team, user) VALUES(?, ?) "
+                "INSERT INTO members(team, \"user\") VALUES(?, ?) "
                 "ON CONFLICT DO NOTHING",
                 {team, user});
   });
@@ -248,7 +248,7 @@ vfs::Status RemoveMember(Engine& e, const std::string& actor,
                          const std::string& team, const std::string& user) {
   return e.Write(Durability::kFull, [&](Txn& txn) -> vfs::Status {
     TRY(NeedLevel(txn, actor, "/", Level::kAdmin));
-    auto r = txn.Exec("DELETE FROM members WHERE team = ? AND user = ?",
+    auto r = txn.Exec("DELETE FROM members WHERE team = ? AND \"user\" = ?",
                       {team, user});
     if (!r) return std::unexpected(r.error());
     if (*r == 0) {
@@ -268,7 +268,7 @@ vfs::Result<std::vector<UserInfo>> ListUsers(Engine& e,
     for (const auto& r : *rows) {
       UserInfo u{AsText(r[0]), AsInt(r[1]) != 0, {}};
       auto teams = txn.Query(
-          "SELECT team FROM members WHERE user = ? ORDER BY team", {u.name});
+          "SELECT team FROM members WHERE \"user\" = ? ORDER BY team", {u.name});
       if (!teams) return std::unexpected(teams.error());
       for (const auto& t : *teams) u.teams.push_back(AsText(t[0]));
       out.push_back(std::move(u));

@@ -165,7 +165,7 @@ vfs::Result<std::shared_ptr<const Policy>> LoadPolicy(Txn& txn,
       "SELECT prefix, level FROM grants WHERE subject_kind = 'everyone' "
       "OR (subject_kind = 'user' AND subject = ?) "
       "OR (subject_kind = 'team' AND subject IN "
-      "    (SELECT team FROM members WHERE user = ?))",
+      "    (SELECT team FROM members WHERE \"user\" = ?))",
       {user, user});
   if (!rows) return std::unexpected(rows.error());
   std::vector<std::pair<std::string, Level>> grants;

@@ -1,6 +1,7 @@
 // Engine selection by the store's name, and the row value accessors.
 #include "backends/store/engine.h"
 
+#include "backends/store/postgres_engine.h"
 #include "backends/store/sqlite_engine.h"
 
 namespace agentvfs::store {
@@ -28,15 +29,14 @@ vfs::Result<std::unique_ptr<Engine>> Engine::Open(const std::string& name,
                      "no store named; pass --store PATH or set AGENTVFS_STORE");
   }
   if (name.starts_with("postgresql://") || name.starts_with("postgres://")) {
-    return vfs::Fail(ENOTSUP,
-                     "PostgreSQL stores are not available in this build yet; "
-                     "use a SQLite file path");
+    return OpenPostgresEngine(name, create);
   }
   std::string path = name;
   if (path.starts_with("sqlite:")) path = path.substr(7);
   if (auto colon = path.find("://"); colon != std::string::npos) {
     return vfs::Fail(EINVAL, "unknown store scheme in '" + name +
-                                 "'; use a file path (SQLite)");
+                                 "'; use a file path (SQLite) or a "
+                                 "postgresql:// URI");
   }
   return OpenSqliteEngine(path, create);
 }

@@ -5,7 +5,8 @@
 // BLOB; INSERT ... ON CONFLICT; RETURNING) and owns its own schema
 // migrations, so that a PostgreSQL engine can follow with no change above
 // it. Engines are chosen by the store's name (see Engine::Open): a file path
-// or `sqlite:PATH` is SQLite; `postgresql://` is reserved for PostgreSQL.
+// or `sqlite:PATH` is SQLite; `postgresql://` (or `postgres://`) is
+// PostgreSQL.
 //
 // Transactions: Write() runs its function inside one write transaction and
 // commits it (or rolls it back when the function fails); concurrent writers,
@@ -93,6 +94,23 @@ class Engine {
   // After a purge: makes sure deleted content is really gone from the files
   // (secure deletion and checkpoint of the write-ahead log).
   virtual vfs::Status Compact() = 0;
+
+  // Change hints: `on_change` is called (from a thread of the engine's) soon
+  // after any process commits a row to the `changes` table, so that a live
+  // mount can read the feed at once instead of at its next poll. A hint may
+  // be spurious or, when the engine has no such mechanism (SQLite), never
+  // come: readers of the feed still poll. Replaces any earlier callback; an
+  // empty function stops the hints. The callback must not call the engine.
+  virtual void WatchChanges(std::function<void()> on_change) {
+    (void)on_change;
+  }
+
+  // After rows were copied in with their keys (agentvfs migrate): makes sure
+  // keys generated from now on continue above the copied ones.
+  virtual vfs::Status ResyncKeys(Txn& txn) {
+    (void)txn;
+    return {};
+  }
 };
 
 }  // namespace agentvfs::store

@@ -348,6 +348,7 @@ class StoreBackend::Impl {
   }
 
   ~Impl() {
+    engine_.WatchChanges({});
     {
       std::lock_guard lock(bg_mu_);
       stopping_ = true;
@@ -462,7 +463,7 @@ class StoreBackend::Impl {
   Status CheckLease(Txn& txn, const Caller& c, int64_t ino,
                     const std::string& path, int64_t now) {
     auto rows = txn.Query(
-        "SELECT session, user, host, pid, pid_start, expires_ns FROM leases "
+        "SELECT session, \"user\", host, pid, pid_start, expires_ns FROM leases "
         "WHERE ino = ?",
         {ino});
     if (!rows) return std::unexpected(rows.error());
@@ -477,9 +478,9 @@ class StoreBackend::Impl {
 
   Status TakeLease(Txn& txn, const Caller& c, int64_t ino, int64_t now) {
     auto ok = txn.Exec(
-        "INSERT INTO leases(ino, session, user, host, pid, pid_start, "
+        "INSERT INTO leases(ino, session, \"user\", host, pid, pid_start, "
         "expires_ns) VALUES(?, ?, ?, ?, ?, ?, ?) ON CONFLICT(ino) DO UPDATE "
-        "SET session = excluded.session, user = excluded.user, "
+        "SET session = excluded.session, \"user\" = excluded.\"user\", "
         "host = excluded.host, pid = excluded.pid, "
         "pid_start = excluded.pid_start, expires_ns = excluded.expires_ns",
         {ino, c.session, c.user, host_, int64_t{pid_}, pid_start_,
@@ -619,7 +620,7 @@ class StoreBackend::Impl {
       if (!inode) return Fail(ENOENT, "the file was purged while open");
       // Someone else holding the lease now means ours ran out.
       auto lease = txn.Query(
-          "SELECT session, user, host, pid, pid_start, expires_ns FROM leases "
+          "SELECT session, \"user\", host, pid, pid_start, expires_ns FROM leases "
           "WHERE ino = ?",
           {node.ino});
       if (!lease) return std::unexpected(lease.error());
@@ -692,9 +693,24 @@ class StoreBackend::Impl {
         return {};
       });
     }
-    std::lock_guard lock(listener_mu_);
-    listener_ = listener;
-    last_seq_ = start;
+    {
+      std::lock_guard lock(listener_mu_);
+      listener_ = listener;
+      last_seq_ = start;
+    }
+    // Engines that can tell when the feed grew (PostgreSQL's LISTEN) wake
+    // the poller at once; the poll interval stays as the fallback.
+    if (listener != nullptr) {
+      engine_.WatchChanges([this] {
+        {
+          std::lock_guard lock(bg_mu_);
+          change_hint_ = true;
+        }
+        bg_cv_.notify_all();
+      });
+    } else {
+      engine_.WatchChanges({});
+    }
   }
 
   void Background() {
@@ -703,8 +719,10 @@ class StoreBackend::Impl {
     auto last_prune = std::chrono::steady_clock::time_point{};
     std::unique_lock lock(bg_mu_);
     while (!stopping_) {
-      bg_cv_.wait_for(lock, options_.poll_interval);
+      bg_cv_.wait_for(lock, options_.poll_interval,
+                      [this] { return stopping_ || change_hint_; });
       if (stopping_) break;
+      change_hint_ = false;
       lock.unlock();
       auto now = std::chrono::steady_clock::now();
       if (held_leases_.load() > 0 && now - last_renew >= renew_every) {
@@ -776,9 +794,10 @@ class StoreBackend::Impl {
   vfs::ChangeListener* listener_ = nullptr;
   int64_t last_seq_ = 0;
 
-  std::mutex bg_mu_;  // guards stopping_
+  std::mutex bg_mu_;  // guards stopping_ and change_hint_
   std::condition_variable bg_cv_;
   bool stopping_ = false;
+  bool change_hint_ = false;  // the engine says the change feed grew
   std::thread background_;
 };
 
@@ -1114,7 +1133,7 @@ Result<std::vector<vfs::DirEntry>> StoreBackend::ReadDir(const Caller& c,
     if (!w.node->IsDir()) return Fail(ENOTDIR, "not a directory");
     auto rows = txn.Query(
         "SELECT d.name, d.ino, i.kind FROM dentries d JOIN inodes i "
-        "ON i.ino = d.ino WHERE d.parent = ?",
+        "ON i.ino = d.ino WHERE d.parent = ? ORDER BY d.name",
         {w.node->ino});
     if (!rows) return std::unexpected(rows.error());
     std::string base = w.path == "/" ? "" : w.path;

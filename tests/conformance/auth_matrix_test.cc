@@ -168,9 +168,10 @@ int Expected(const std::string& op, char level) {
 
 // A store with the users, grants and one target per (area, user, op),
 // created by the admin through the API.
-std::unique_ptr<StoreFixture> MakeStore() {
+std::unique_ptr<StoreFixture> MakeStore(testing::StoreEngine kind) {
   auto fixture = StoreFixture::Create(
-      kUsers, {{"alice", {"eng"}}, {"bob", {"eng"}}, {"carol", {"ops"}}});
+      kUsers, {{"alice", {"eng"}}, {"bob", {"eng"}}, {"carol", {"ops"}}},
+      kind);
   if (!fixture) {
     ADD_FAILURE() << fixture.error().ToString();
     return nullptr;
@@ -228,8 +229,16 @@ void RunMatrix(const std::map<std::string, FsOps*>& as_user) {
             static_cast<int>(Areas().size() * kUsers.size() * Ops().size()));
 }
 
-TEST(AuthMatrixTest, ThroughTheApi) {
-  auto fixture = MakeStore();
+// The whole matrix on each engine.
+class AuthMatrixTest : public ::testing::TestWithParam<testing::StoreEngine> {};
+INSTANTIATE_TEST_SUITE_P(Engines, AuthMatrixTest,
+                         ::testing::ValuesIn(testing::kAllEngines),
+                         [](const auto& info) {
+                           return testing::EngineName(info.param);
+                         });
+
+TEST_P(AuthMatrixTest, ThroughTheApi) {
+  auto fixture = MakeStore(GetParam());
   ASSERT_NE(fixture, nullptr);
   auto router = fixture->MakeRouter();
   std::map<std::string, std::unique_ptr<FsOps>> ops;
@@ -242,8 +251,8 @@ TEST(AuthMatrixTest, ThroughTheApi) {
   RunMatrix(as_user);
 }
 
-TEST(AuthMatrixTest, ThroughRealMounts) {
-  auto fixture = MakeStore();
+TEST_P(AuthMatrixTest, ThroughRealMounts) {
+  auto fixture = MakeStore(GetParam());
   ASSERT_NE(fixture, nullptr);
   std::vector<std::unique_ptr<TempDir>> dirs;
   std::vector<std::unique_ptr<MountedView>> views;
@@ -283,8 +292,8 @@ std::optional<double> SecondsUntil(const std::function<int()>& fn, int want,
   return std::nullopt;
 }
 
-TEST(AuthMatrixTest, RevokingAndDisablingReachALiveMountWithinSeconds) {
-  auto fixture = MakeStore();
+TEST_P(AuthMatrixTest, RevokingAndDisablingReachALiveMountWithinSeconds) {
+  auto fixture = MakeStore(GetParam());
   ASSERT_NE(fixture, nullptr);
   TempDir ws("agentvfs-ws"), mnt("agentvfs-mnt");
   std::string error;

@@ -1006,6 +1006,16 @@ INSTANTIATE_TEST_SUITE_P(StoreApi, ConformanceTest,
                          ::testing::Values(StoreApiFactory()), FactoryName);
 INSTANTIATE_TEST_SUITE_P(StoreFuse, ConformanceTest,
                          ::testing::Values(StoreFuseFactory()), FactoryName);
+// The same store suites on PostgreSQL (a fresh database per test).
+INSTANTIATE_TEST_SUITE_P(
+    StorePostgresApi, ConformanceTest,
+    ::testing::Values(StoreApiFactory(testing::StoreEngine::kPostgres)),
+    FactoryName);
+INSTANTIATE_TEST_SUITE_P(
+    StorePostgresFuse, ConformanceTest,
+    ::testing::Values(StoreFuseFactory("StorePostgresFuse", {},
+                                       testing::StoreEngine::kPostgres)),
+    FactoryName);
 INSTANTIATE_TEST_SUITE_P(Fuse, ConformanceTest,
                          ::testing::Values(FuseFactory()), FactoryName);
 // The same mount served by libfuse's multi-threaded loop, and with the

@@ -48,10 +48,13 @@ struct RouterOverStore {
 
 }  // namespace
 
-FsOpsFactory StoreApiFactory() {
-  return {"StoreApi", []() -> Result<std::unique_ptr<FsOps>> {
+FsOpsFactory StoreApiFactory(testing::StoreEngine engine) {
+  std::string name = engine == testing::StoreEngine::kSqlite
+                         ? "StoreApi"
+                         : "Store" + testing::EngineName(engine) + "Api";
+  return {name, [engine]() -> Result<std::unique_ptr<FsOps>> {
             auto owned = std::make_shared<RouterOverStore>();
-            auto fixture = testing::StoreFixture::Create({"tester"});
+            auto fixture = testing::StoreFixture::Create({"tester"}, {}, engine);
             if (!fixture) return std::unexpected(fixture.error());
             owned->store = std::move(*fixture);
             owned->router = owned->store->MakeRouter();
@@ -63,14 +66,17 @@ FsOpsFactory StoreApiFactory() {
 }
 
 FsOpsFactory StoreFuseFactory(std::string name,
-                              std::vector<std::string> mount_args) {
-  return {std::move(name), [mount_args]() -> Result<std::unique_ptr<FsOps>> {
+                              std::vector<std::string> mount_args,
+                              testing::StoreEngine engine) {
+  return {std::move(name),
+          [mount_args, engine]() -> Result<std::unique_ptr<FsOps>> {
             struct Owned {
               std::unique_ptr<testing::StoreFixture> store;
               FuseMount mount;
             };
             auto owned = std::make_shared<Owned>();
-            auto fixture = testing::StoreFixture::Create({"tester"});
+            auto fixture =
+                testing::StoreFixture::Create({"tester"}, {}, engine);
             if (!fixture) return std::unexpected(fixture.error());
             owned->store = std::move(*fixture);
             owned->mount.workspace = std::make_unique<TempDir>("agentvfs-ws");

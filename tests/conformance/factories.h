@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "tests/conformance/fs_ops.h"
+#include "tests/support/store_fixture.h"
 
 namespace agentvfs::conformance {
 
@@ -15,13 +16,15 @@ namespace agentvfs::conformance {
 FsOpsFactory NativeFactory();
 // The vfs API: Router{ /workspace -> LocalDirBackend(temporary directory) }.
 FsOpsFactory LocalDirApiFactory();
-// The vfs API: Router{ /memories, /skills -> StoreBackend(a fresh SQLite
-// store) }, as a user writing in /memories/users/<user>.
-FsOpsFactory StoreApiFactory();
+// The vfs API: Router{ /memories, /skills -> StoreBackend(a fresh store on
+// `engine`) }, as a user writing in /memories/users/<user>.
+FsOpsFactory StoreApiFactory(
+    testing::StoreEngine engine = testing::StoreEngine::kSqlite);
 // Real syscalls on MOUNTPOINT/memories/users/<user> of `agentvfs mount
 // --store` with that user's token.
-FsOpsFactory StoreFuseFactory(std::string name = "StoreFuse",
-                              std::vector<std::string> mount_args = {});
+FsOpsFactory StoreFuseFactory(
+    std::string name = "StoreFuse", std::vector<std::string> mount_args = {},
+    testing::StoreEngine engine = testing::StoreEngine::kSqlite);
 // Real syscalls on MOUNTPOINT/workspace of `agentvfs mount MOUNT_ARGS`.
 FsOpsFactory FuseFactory(std::string name = "Fuse",
                          std::vector<std::string> mount_args = {});

@@ -29,11 +29,13 @@ using testing::StoreFixture;
 using testing::TempDir;
 
 // Two mounts of one store: alice at A, bob at B (both in team eng).
-class TwoMountsTest : public ::testing::Test {
+// Every test here runs on each engine: for PostgreSQL the two mounts are two
+// processes sharing only the database, as two hosts would.
+class TwoMountsTest : public ::testing::TestWithParam<testing::StoreEngine> {
  protected:
   void SetUp() override {
-    auto f = StoreFixture::Create({"alice", "bob"},
-                                  {{"alice", {"eng"}}, {"bob", {"eng"}}});
+    auto f = StoreFixture::Create(
+        {"alice", "bob"}, {{"alice", {"eng"}}, {"bob", {"eng"}}}, GetParam());
     ASSERT_TRUE(f.has_value()) << f.error().ToString();
     store_ = std::move(*f);
   }
@@ -79,7 +81,7 @@ bool WriteAllFd(int fd, const std::string& data) {
          static_cast<ssize_t>(data.size());
 }
 
-TEST_F(TwoMountsTest, AConcurrentWriterGetsEbusyUntilTheHolderCloses) {
+TEST_P(TwoMountsTest, AConcurrentWriterGetsEbusyUntilTheHolderCloses) {
   std::string a = MountAs("alice"), b = MountAs("bob");
   int fa = OpenFd(Eng(a, "plan.md"), O_WRONLY | O_CREAT | O_TRUNC);
   ASSERT_GE(fa, 0) << strerror(errno);
@@ -99,7 +101,7 @@ TEST_F(TwoMountsTest, AConcurrentWriterGetsEbusyUntilTheHolderCloses) {
             "alice's plan\nbob's addition\n");
 }
 
-TEST_F(TwoMountsTest, AStaleWriterIsRejectedUntilItRereads) {
+TEST_P(TwoMountsTest, AStaleWriterIsRejectedUntilItRereads) {
   std::string a = MountAs("alice"), b = MountAs("bob");
   ASSERT_TRUE(WriteFile(Eng(a, "notes.md"), "v1\n", 0644));
   // Bob reads version 1.
@@ -127,7 +129,7 @@ TEST_F(TwoMountsTest, AStaleWriterIsRejectedUntilItRereads) {
             "v2 by alice\nv3 by bob\n");
 }
 
-TEST_F(TwoMountsTest, OfTwoRacingCreatesOneWinsAndTheOtherIsTold) {
+TEST_P(TwoMountsTest, OfTwoRacingCreatesOneWinsAndTheOtherIsTold) {
   std::string a = MountAs("alice"), b = MountAs("bob");
   for (int round = 0; round < 10; ++round) {
     for (int flags : {O_WRONLY | O_CREAT, O_WRONLY | O_CREAT | O_EXCL}) {
@@ -166,7 +168,7 @@ TEST_F(TwoMountsTest, OfTwoRacingCreatesOneWinsAndTheOtherIsTold) {
   }
 }
 
-TEST_F(TwoMountsTest, ALeaseDiesWithItsHolder) {
+TEST_P(TwoMountsTest, ALeaseDiesWithItsHolder) {
   std::string a = MountAs("alice"), b = MountAs("bob");
   int fa = OpenFd(Eng(a, "held.md"), O_WRONLY | O_CREAT);
   ASSERT_GE(fa, 0) << strerror(errno);
@@ -185,7 +187,7 @@ TEST_F(TwoMountsTest, ALeaseDiesWithItsHolder) {
   ASSERT_EQ(close(fb), 0);
 }
 
-TEST_F(TwoMountsTest, ALeaseOfAnUnreachableHolderExpires) {
+TEST_P(TwoMountsTest, ALeaseOfAnUnreachableHolderExpires) {
   // A holder on another host cannot be checked for life: its lease lasts
   // until it stops renewing it.
   std::string b = MountAs("bob");
@@ -195,7 +197,7 @@ TEST_F(TwoMountsTest, ALeaseOfAnUnreachableHolderExpires) {
   ASSERT_OK(engine->Write(
       store::Durability::kProcess, [&](store::Txn& t) -> vfs::Status {
         auto r = t.Exec(
-            "INSERT INTO leases(ino, session, user, host, pid, pid_start, "
+            "INSERT INTO leases(ino, session, \"user\", host, pid, pid_start, "
             "expires_ns) SELECT d.ino, 'far-away', 'alice', 'other-host', 1, "
             "1, ? "
             "FROM dentries d WHERE d.name = 'remote.md'",
@@ -227,7 +229,7 @@ double SecondsUntilContent(const std::string& path, const std::string& want,
   }
 }
 
-TEST_F(TwoMountsTest, AnotherSessionsCommitIsVisibleWithinASecond) {
+TEST_P(TwoMountsTest, AnotherSessionsCommitIsVisibleWithinASecond) {
   // Long kernel cache timeouts: only the store's change feed can make the
   // mount notice.
   std::string a = MountAs("alice", {"--cache-timeout", "3600"});
@@ -271,7 +273,7 @@ long PeakRssKib(pid_t pid) {
   return -1;
 }
 
-TEST_F(TwoMountsTest, A200MiBFileStreamsThroughTheMount) {
+TEST_P(TwoMountsTest, A200MiBFileStreamsThroughTheMount) {
   std::string a = MountAs("alice");
   const size_t kSize = 200u << 20;
   const size_t kBlock = 1u << 20;
@@ -321,6 +323,12 @@ TEST_F(TwoMountsTest, A200MiBFileStreamsThroughTheMount) {
   EXPECT_LT(reader_kib, 100 * 1024) << "the reader held the file in memory";
 #endif
 }
+
+INSTANTIATE_TEST_SUITE_P(Engines, TwoMountsTest,
+                         ::testing::ValuesIn(testing::kAllEngines),
+                         [](const auto& info) {
+                           return testing::EngineName(info.param);
+                         });
 
 }  // namespace
 }  // namespace agentvfs::fuse_test

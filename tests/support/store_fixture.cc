@@ -8,15 +8,28 @@
 #include <fstream>
 
 #include "backends/store/admin.h"
+#include "tests/support/pg_server.h"
 
 namespace agentvfs::testing {
 
+std::string EngineName(StoreEngine engine) {
+  return engine == StoreEngine::kPostgres ? "Postgres" : "Sqlite";
+}
+
 vfs::Result<std::unique_ptr<StoreFixture>> StoreFixture::Create(
     const std::vector<std::string>& users,
-    const std::map<std::string, std::vector<std::string>>& teams) {
+    const std::map<std::string, std::vector<std::string>>& teams,
+    StoreEngine kind) {
   auto f = std::unique_ptr<StoreFixture>(new StoreFixture());
   f->dir_ = std::make_unique<TempDir>("agentvfs-store");
-  f->db_ = f->dir_->path() + "/store.db";
+  f->engine_ = kind;
+  if (kind == StoreEngine::kPostgres) {
+    auto uri = CreateTestDatabase();
+    if (!uri) return std::unexpected(uri.error());
+    f->db_ = *uri;
+  } else {
+    f->db_ = f->dir_->path() + "/store.db";
+  }
   auto admin = store::InitStore(f->db_, "admin");
   if (!admin) return std::unexpected(admin.error());
   f->tokens_["admin"] = *admin;
@@ -42,6 +55,10 @@ vfs::Result<std::unique_ptr<StoreFixture>> StoreFixture::Create(
     close(fd);
   }
   return f;
+}
+
+StoreFixture::~StoreFixture() {
+  if (engine_ == StoreEngine::kPostgres) DropTestDatabase(db_);
 }
 
 std::string StoreFixture::TokenFile(const std::string& user) const {

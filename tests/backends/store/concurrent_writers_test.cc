@@ -200,10 +200,13 @@ std::vector<Attempt> ParseAttempts(const std::string& user,
   return out;
 }
 
-class ConcurrentWritersTest : public ::testing::Test {
+// Every test here runs on each engine.
+class ConcurrentWritersTest
+    : public ::testing::TestWithParam<testing::StoreEngine> {
  protected:
   void SetUp() override {
-    ASSERT_OK_AND_ASSIGN(fx_, testing::StoreFixture::Create(kUsers));
+    ASSERT_OK_AND_ASSIGN(fx_,
+                         testing::StoreFixture::Create(kUsers, {}, GetParam()));
     {
       ASSERT_OK_AND_ASSIGN(auto engine, Engine::Open(fx_->db(), false));
       ASSERT_OK(Grant(*engine, "admin", "/memories/org",
@@ -468,7 +471,7 @@ class ConcurrentWritersTest : public ::testing::Test {
   std::unique_ptr<testing::StoreFixture> fx_;
 };
 
-TEST_F(ConcurrentWritersTest, EightProcessesLoseNoAcknowledgedCommit) {
+TEST_P(ConcurrentWritersTest, EightProcessesLoseNoAcknowledgedCommit) {
   auto plans = Plans("cw-", {kLog, kNotes}, 50, /*retry=*/false);
   auto attempts = RunWriters(plans);
   ASSERT_FALSE(HasFailure());
@@ -484,7 +487,7 @@ TEST_F(ConcurrentWritersTest, EightProcessesLoseNoAcknowledgedCommit) {
   CheckHistory(kNotes, attempts, sessions);
 }
 
-TEST_F(ConcurrentWritersTest, RetryingWritersGetEveryRecordInExactlyOnce) {
+TEST_P(ConcurrentWritersTest, RetryingWritersGetEveryRecordInExactlyOnce) {
   constexpr int kOps = 25;
   auto plans = Plans("rw-", {kRetry}, kOps, /*retry=*/true);
   auto attempts = RunWriters(plans);
@@ -501,11 +504,26 @@ TEST_F(ConcurrentWritersTest, RetryingWritersGetEveryRecordInExactlyOnce) {
   EXPECT_EQ(lines, want);
 }
 
+INSTANTIATE_TEST_SUITE_P(Engines, ConcurrentWritersTest,
+                         ::testing::ValuesIn(testing::kAllEngines),
+                         [](const auto& info) {
+                           return testing::EngineName(info.param);
+                         });
+
 // --- two sessions of one process ---------------------------------------------
 
-TEST(StoreConflictsInOneProcess, LeaseStaleWriterAndExclusiveCreate) {
+class StoreConflictsInOneProcess
+    : public ::testing::TestWithParam<testing::StoreEngine> {};
+INSTANTIATE_TEST_SUITE_P(Engines, StoreConflictsInOneProcess,
+                         ::testing::ValuesIn(testing::kAllEngines),
+                         [](const auto& info) {
+                           return testing::EngineName(info.param);
+                         });
+
+TEST_P(StoreConflictsInOneProcess, LeaseStaleWriterAndExclusiveCreate) {
   ASSERT_OK_AND_ASSIGN(auto fx, testing::StoreFixture::Create(
-                                    {"a", "b"}, {{"a", {"t"}}, {"b", {"t"}}}));
+                                    {"a", "b"}, {{"a", {"t"}}, {"b", {"t"}}},
+                                    GetParam()));
   auto backend = fx->OpenBackend();
   ASSERT_NE(backend, nullptr);
   vfs::Caller a = fx->CallerFor("a");
@@ -620,9 +638,10 @@ TEST(StoreConflictsInOneProcess, LeaseStaleWriterAndExclusiveCreate) {
 // "nothing was committed; read it again and redo the change": the handle's
 // release must not commit the draft later anyway (a writer that redoes its
 // append, as it was told, would get it in twice).
-TEST(StoreConflictsInOneProcess, RejectedFlushCommitsNothingAtRelease) {
+TEST_P(StoreConflictsInOneProcess, RejectedFlushCommitsNothingAtRelease) {
   ASSERT_OK_AND_ASSIGN(auto fx, testing::StoreFixture::Create(
-                                    {"a", "b"}, {{"a", {"t"}}, {"b", {"t"}}}));
+                                    {"a", "b"}, {{"a", {"t"}}, {"b", {"t"}}},
+                                    GetParam()));
   StoreOptions unrenewed;  // A's lease runs out: it is never renewed
   unrenewed.lease_ttl = std::chrono::milliseconds(200);
   unrenewed.poll_interval = std::chrono::hours(1);

@@ -6,6 +6,7 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <filesystem>
 #include <fstream>
 #include <iterator>
 #include <string>
@@ -13,6 +14,7 @@
 #include "backends/store/admin.h"
 #include "backends/store/store.h"
 #include "tests/support/result_matchers.h"
+#include "tests/support/pg_server.h"
 #include "tests/support/store_fixture.h"
 
 namespace agentvfs::store {
@@ -20,10 +22,16 @@ namespace {
 
 using testing::StoreFixture;
 
-class HistoryTest : public ::testing::Test {
+std::string FileBytes(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), {});
+}
+
+// Every test here runs on each engine.
+class HistoryTest : public ::testing::TestWithParam<testing::StoreEngine> {
  protected:
   void SetUp() override {
-    auto f = StoreFixture::Create({"dev", "ops"});
+    auto f = StoreFixture::Create({"dev", "ops"}, {}, GetParam());
     ASSERT_TRUE(f.has_value()) << f.error().ToString();
     fixture_ = std::move(*f);
     backend_ = fixture_->OpenBackend();
@@ -81,13 +89,35 @@ class HistoryTest : public ::testing::Test {
     return n;
   }
 
+  // Every byte of the store's files on disk: the SQLite database and its
+  // log, or the PostgreSQL database's table files after a checkpoint.
+  std::string StoreBytes() {
+    if (GetParam() == testing::StoreEngine::kSqlite) {
+      return FileBytes(fixture_->db()) + FileBytes(fixture_->db() + "-wal");
+    }
+    EXPECT_OK(testing::PgQuery(fixture_->db(), "CHECKPOINT"));
+    auto oid = testing::PgQuery(
+        fixture_->db(),
+        "SELECT oid FROM pg_database WHERE datname = current_database()");
+    auto dir = testing::PgQuery(fixture_->db(), "SHOW data_directory");
+    EXPECT_TRUE(oid.has_value() && dir.has_value());
+    std::string all;
+    std::error_code ec;
+    for (const auto& e : std::filesystem::directory_iterator(
+             dir.value_or("") + "/base/" + oid.value_or(""), ec)) {
+      if (e.is_regular_file()) all += FileBytes(e.path().string());
+    }
+    EXPECT_FALSE(all.empty()) << "no table files found";
+    return all;
+  }
+
   std::unique_ptr<StoreFixture> fixture_;
   std::unique_ptr<StoreBackend> backend_;
   vfs::Caller dev_, admin_;
   const std::string kFile = "/memories/users/dev/notes.md";
 };
 
-TEST_F(HistoryTest, EveryCommitIsAVersionWithItsAuthorAndHash) {
+TEST_P(HistoryTest, EveryCommitIsAVersionWithItsAuthorAndHash) {
   ASSERT_OK(Put(dev_, kFile, "one\n"));
   ASSERT_OK(Put(dev_, kFile, "one\ntwo\n"));
   ASSERT_OK(Put(dev_, kFile, "", O_WRONLY | O_TRUNC));
@@ -114,7 +144,7 @@ TEST_F(HistoryTest, EveryCommitIsAVersionWithItsAuthorAndHash) {
   EXPECT_ERRNO(backend_->OpenVersion(dev_, P(kFile), 9), ENOENT);
 }
 
-TEST_F(HistoryTest, EqualContentsAreStoredOnce) {
+TEST_P(HistoryTest, EqualContentsAreStoredOnce) {
   std::string big(3 << 20, 'x');  // three chunks, all the same
   big[0] = 'a';
   ASSERT_OK(Put(dev_, "/memories/users/dev/a", big));
@@ -127,7 +157,7 @@ TEST_F(HistoryTest, EqualContentsAreStoredOnce) {
   EXPECT_EQ(Get(dev_, "/memories/users/dev/b"), big);
 }
 
-TEST_F(HistoryTest, RestoreCommitsAnOldVersionAsANewOne) {
+TEST_P(HistoryTest, RestoreCommitsAnOldVersionAsANewOne) {
   ASSERT_OK(Put(dev_, kFile, "good\n"));
   ASSERT_OK(backend_->Chmod(dev_, P(kFile), 0755));
   ASSERT_OK(Put(dev_, kFile, "bad\n"));
@@ -144,7 +174,7 @@ TEST_F(HistoryTest, RestoreCommitsAnOldVersionAsANewOne) {
   EXPECT_ERRNO(backend_->History(ops, P(kFile)), ENOENT);
 }
 
-TEST_F(HistoryTest, DeletedFilesStayRecoverable) {
+TEST_P(HistoryTest, DeletedFilesStayRecoverable) {
   ASSERT_OK(backend_->Mkdir(dev_, P("/memories/users/dev/d"), 0755));
   std::string path = "/memories/users/dev/d/gone.md";
   ASSERT_OK(Put(dev_, path, "remember me\n"));
@@ -172,12 +202,8 @@ TEST_F(HistoryTest, DeletedFilesStayRecoverable) {
   EXPECT_ERRNO(backend_->History(dev_, P(path)), ENOENT);
 }
 
-std::string FileBytes(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  return std::string(std::istreambuf_iterator<char>(in), {});
-}
 
-TEST_F(HistoryTest, PurgeErasesTheBytesForGood) {
+TEST_P(HistoryTest, PurgeErasesTheBytesForGood) {
   // Small enough to sit whole in one database page.
   const std::string secret = "SECRET-" + std::string(900, 'q') + "-END";
   const std::string kept = "kept-" + std::string(700, 'k');
@@ -187,8 +213,7 @@ TEST_F(HistoryTest, PurgeErasesTheBytesForGood) {
   backend_.reset();  // let SQLite fold the log back: the secret is on disk
   backend_ = fixture_->OpenBackend();
   ASSERT_NE(backend_, nullptr);
-  std::string db =
-      FileBytes(fixture_->db()) + FileBytes(fixture_->db() + "-wal");
+  std::string db = StoreBytes();
   ASSERT_NE(db.find(secret), std::string::npos) << "test setup: secret stored";
 
   // Only admins purge.
@@ -200,7 +225,7 @@ TEST_F(HistoryTest, PurgeErasesTheBytesForGood) {
   ASSERT_OK_AND_ASSIGN(auto h, backend_->History(dev_, P(kFile)));
   ASSERT_EQ(h.size(), 1u);
   EXPECT_EQ(Get(dev_, kFile), kept);
-  db = FileBytes(fixture_->db()) + FileBytes(fixture_->db() + "-wal");
+  db = StoreBytes();
   EXPECT_EQ(db.find("SECRET-"), std::string::npos)
       << "purged content is still in the database files";
 
@@ -210,15 +235,27 @@ TEST_F(HistoryTest, PurgeErasesTheBytesForGood) {
   EXPECT_ERRNO(backend_->Stat(dev_, P(kFile)), ENOENT);
   EXPECT_ERRNO(backend_->History(dev_, P(kFile)), ENOENT);
   EXPECT_EQ(Get(dev_, "/memories/users/dev/other"), kept);
-  std::string integrity;
-  EXPECT_OK(backend_->engine().Read([&](Txn& t) -> vfs::Status {
-    auto rows = t.Query("PRAGMA integrity_check");
-    if (!rows) return std::unexpected(rows.error());
-    integrity = AsText((*rows)[0][0]);
-    return {};
-  }));
-  EXPECT_EQ(integrity, "ok");
+  EXPECT_EQ(Count("SELECT COUNT(*) FROM chunks c LEFT JOIN blobs b "
+                  "ON b.id = c.blob WHERE c.blob != 0 AND b.id IS NULL"),
+            0)
+      << "a chunk refers to a purged blob";
+  if (GetParam() == testing::StoreEngine::kSqlite) {
+    std::string integrity;
+    EXPECT_OK(backend_->engine().Read([&](Txn& t) -> vfs::Status {
+      auto rows = t.Query("PRAGMA integrity_check");
+      if (!rows) return std::unexpected(rows.error());
+      integrity = AsText((*rows)[0][0]);
+      return {};
+    }));
+    EXPECT_EQ(integrity, "ok");
+  }
 }
+
+INSTANTIATE_TEST_SUITE_P(Engines, HistoryTest,
+                         ::testing::ValuesIn(testing::kAllEngines),
+                         [](const auto& info) {
+                           return testing::EngineName(info.param);
+                         });
 
 }  // namespace
 }  // namespace agentvfs::store
