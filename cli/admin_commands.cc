@@ -11,6 +11,7 @@
 
 #include "backends/store/admin.h"
 #include "backends/store/auth.h"
+#include "backends/store/migrate.h"
 #include "cli/store_access.h"
 
 namespace agentvfs::cli {
@@ -28,13 +29,44 @@ int RunInit(const StoreFlags& flags, const std::string& admin) {
   auto token = store::InitStore(*name, admin);
   if (!token) return Report("init", token.error());
   PrintToken(admin, *token);
-  std::cerr << "Store " << *name << " is ready; " << admin
+  std::cerr << "Store " << store::DisplayName(*name) << " is ready; " << admin
             << " is its admin. Use the token without putting it on a command "
                "line:\n"
             << "  export AGENTVFS_TOKEN=<the token above>\n"
-            << "  export AGENTVFS_STORE=" << *name << "\n"
+            << "  export AGENTVFS_STORE=" << store::DisplayName(*name) << "\n"
             << "or keep it in a file only you can read and pass "
                "--token-file FILE.\n";
+  if (store::DisplayName(*name) != *name) {
+    std::cerr << "(The database password is not repeated here: keep it in "
+                 "~/.pgpass or PGPASSWORD, not in the URI.)\n";
+  }
+  return 0;
+}
+
+// `agentvfs migrate --from A --to B`: the whole store into a new one on any
+// engine, then a check that both hold the same rows (migrate.h).
+int RunMigrate(const std::string& from_name, const std::string& to_name) {
+  auto from = store::Engine::Open(from_name, false);
+  if (!from) return Report("migrate", from.error());
+  auto to = store::Engine::Open(to_name, true);
+  if (!to) return Report("migrate", to.error());
+  std::cerr << "copying " << (*from)->Describe() << " into "
+            << (*to)->Describe()
+            << " (stop the mounts of the source first: later writes to it "
+               "are not copied)\n";
+  auto copied = store::CopyStore(**from, **to);
+  if (!copied) return Report("migrate", copied.error());
+  auto verified = store::VerifyCopy(**from, **to);
+  if (!verified) return Report("migrate", verified.error());
+  std::cout << std::left << std::setw(10) << "TABLE" << std::right
+            << std::setw(12) << "ROWS" << "  DIGEST\n";
+  for (const auto& t : *verified) {
+    std::cout << std::left << std::setw(10) << t.table << std::right
+              << std::setw(12) << t.rows << "  " << t.digest.substr(0, 16)
+              << "\n";
+  }
+  std::cout << "verified: every table of " << (*to)->Describe()
+            << " holds the same rows as " << (*from)->Describe() << "\n";
   return 0;
 }
 
@@ -324,6 +356,24 @@ void AddAdminCommands(CLI::App& app, int* exit_code) {
     cmd->add_option("--admin", a->admin, "Name of the first user (an admin)")
         ->required();
     cmd->callback([a, exit_code] { *exit_code = RunInit(a->store, a->admin); });
+  }
+  {
+    struct Args {
+      std::string from, to;
+    };
+    auto a = std::make_shared<Args>();
+    auto* cmd = app.add_subcommand(
+        "migrate",
+        "Copy a whole store (files, versions, users, grants, sessions) into a "
+        "new store on any engine and verify the copy, e.g. --from team.db "
+        "--to postgresql://host/db");
+    cmd->add_option("--from", a->from, "The store to copy (file or URI)")
+        ->required();
+    cmd->add_option("--to", a->to,
+                    "The new store: a file path, or a postgresql:// URI of "
+                    "an existing, empty database")
+        ->required();
+    cmd->callback([a, exit_code] { *exit_code = RunMigrate(a->from, a->to); });
   }
   AddUserCommands(app, exit_code);
   AddTeamCommands(app, exit_code);

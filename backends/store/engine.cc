@@ -22,6 +22,13 @@ bool IsNull(const Value& v) {
   return std::holds_alternative<std::monostate>(v);
 }
 
+std::string DisplayName(const std::string& name) {
+  if (name.starts_with("postgresql://") || name.starts_with("postgres://")) {
+    return RedactPostgresUri(name);
+  }
+  return name;
+}
+
 vfs::Result<std::unique_ptr<Engine>> Engine::Open(const std::string& name,
                                                   bool create) {
   if (name.empty()) {

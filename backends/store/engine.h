@@ -46,6 +46,10 @@ struct Bytes {
 using Value = std::variant<std::monostate, int64_t, std::string, Bytes>;
 using Row = std::vector<Value>;
 
+// A store's name as it may be shown (logs, messages): a PostgreSQL URI
+// without its password; any other name as it is.
+std::string DisplayName(const std::string& name);
+
 // Accessors for row values; a NULL reads as 0 / "".
 int64_t AsInt(const Value& v);
 const std::string& AsText(const Value& v);  // TEXT or BLOB bytes
