@@ -40,6 +40,12 @@
 //                  PRAGMA synchronous=--sync
 //   sqlite-read    every row's blob through sqlite3_blob_read, verified
 //   sqlite-list    SELECT name of every row
+// Raw PostgreSQL baselines (libpq; table (name TEXT PRIMARY KEY, data
+// BYTEA) in the database --db, a postgresql:// URI):
+//   pg-commit      --files INSERTs, one transaction each, synchronous_commit
+//                  on (--sync full) or off (--sync normal)
+//   pg-fill        the same rows in one transaction
+//   pg-read        every row's bytes (SELECT data, binary), verified
 //
 // File contents are distinct per file (the store deduplicates equal
 // content) and verifiable on read. Only the system calls (or SQLite calls)
@@ -47,6 +53,7 @@
 // on an error or a wrong read-back, 2 on a usage error.
 #include <dirent.h>
 #include <fcntl.h>
+#include <libpq-fe.h>
 #include <sqlite3.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
@@ -788,6 +795,128 @@ void SqliteList(const Options& o) {
   Report(o, secs, rows, 0);
 }
 
+// --- raw PostgreSQL --------------------------------------------------------
+
+class RawPg {
+ public:
+  explicit RawPg(const std::string& uri) : conn_(PQconnectdb(uri.c_str())) {
+    if (PQstatus(conn_) != CONNECTION_OK) {
+      Die("connect " + uri + ": " + PQerrorMessage(conn_));
+    }
+    Run("SET client_min_messages = warning");
+  }
+  ~RawPg() { PQfinish(conn_); }
+  RawPg(const RawPg&) = delete;
+  RawPg& operator=(const RawPg&) = delete;
+
+  void Run(const std::string& sql) {
+    PGresult* r = PQexec(conn_, sql.c_str());
+    auto st = PQresultStatus(r);
+    std::string err = PQresultErrorMessage(r);
+    PQclear(r);
+    if (st != PGRES_COMMAND_OK && st != PGRES_TUPLES_OK) {
+      Die("postgresql `" + sql + "`: " + err);
+    }
+  }
+  void Prepare(const std::string& name, const std::string& sql) {
+    PGresult* r = PQprepare(conn_, name.c_str(), sql.c_str(), 0, nullptr);
+    if (PQresultStatus(r) != PGRES_COMMAND_OK) {
+      Die("postgresql prepare `" + sql + "`: " + PQresultErrorMessage(r));
+    }
+    PQclear(r);
+  }
+  // Runs prepared `name` with text and binary parameters; the result
+  // (binary format), owned by the caller.
+  PGresult* Exec(const std::string& name, const std::string& text,
+                 const std::string* bytes) {
+    const char* values[2] = {text.c_str(), bytes ? bytes->data() : nullptr};
+    int lengths[2] = {0, bytes ? static_cast<int>(bytes->size()) : 0};
+    int formats[2] = {0, 1};
+    PGresult* r = PQexecPrepared(conn_, name.c_str(), bytes ? 2 : 1, values,
+                                 lengths, formats, 1);
+    auto st = PQresultStatus(r);
+    if (st != PGRES_COMMAND_OK && st != PGRES_TUPLES_OK) {
+      Die("postgresql " + name + ": " + PQresultErrorMessage(r));
+    }
+    return r;
+  }
+
+ private:
+  PGconn* conn_;
+};
+
+double PgInsertRows(const Options& o, bool per_commit, std::vector<double>* lat) {
+  if (o.sync != "full" && o.sync != "normal") Die("--sync must be full or normal");
+  RawPg db(o.db);
+  db.Run(std::string("SET synchronous_commit = ") +
+         (o.sync == "full" ? "on" : "off"));
+  db.Run("CREATE TABLE IF NOT EXISTS " + o.table +
+         "(name TEXT PRIMARY KEY, data BYTEA)");
+  db.Prepare("ins", "INSERT INTO " + o.table + "(name, data) VALUES($1, $2)");
+  std::string buf(o.size, '\0');
+  Stopwatch sw;
+  if (!per_commit) db.Run("BEGIN");
+  for (uint64_t i = 0; i < o.files; ++i) {
+    std::string name = TreeName(i, o.per_dir);
+    Fill(buf, o.seed, i);
+    auto t0 = Clock::now();
+    sw.Start();
+    if (per_commit) db.Run("BEGIN");
+    PQclear(db.Exec("ins", name, &buf));
+    if (per_commit) db.Run("COMMIT");
+    sw.Stop();
+    if (lat != nullptr) lat->push_back(Seconds(Clock::now() - t0) * 1e6);
+  }
+  if (!per_commit) db.Run("COMMIT");
+  return sw.seconds();
+}
+
+void PgCommit(const Options& o) {
+  std::vector<double> lat;
+  lat.reserve(o.files);
+  double secs = PgInsertRows(o, true, &lat);
+  std::sort(lat.begin(), lat.end());
+  auto pct = [&](double q) {
+    return lat.empty() ? 0.0
+                       : lat[std::min(lat.size() - 1,
+                                      static_cast<size_t>(q * lat.size()))];
+  };
+  char extra[96];
+  std::snprintf(extra, sizeof extra, "\"p50_us\":%.1f,\"p99_us\":%.1f",
+                pct(0.5), pct(0.99));
+  Report(o, secs, o.files, o.files * o.size, extra);
+}
+
+void PgFill(const Options& o) {
+  double secs = PgInsertRows(o, false, nullptr);
+  Report(o, secs, o.files, o.files * o.size);
+}
+
+void PgRead(const Options& o) {
+  std::string want(o.size, '\0');
+  Stopwatch sw;
+  sw.Start();
+  RawPg db(o.db);
+  db.Prepare("get", "SELECT data FROM " + o.table + " WHERE name = $1");
+  sw.Stop();
+  uint64_t total = 0;
+  for (uint64_t i = 0; i < o.files; ++i) {
+    std::string name = TreeName(i, o.per_dir);
+    Fill(want, o.seed, i);
+    sw.Start();
+    PGresult* r = db.Exec("get", name, nullptr);
+    sw.Stop();
+    if (PQntuples(r) != 1) Die("no row " + name);
+    size_t n = static_cast<size_t>(PQgetlength(r, 0, 0));
+    if (n != o.size || std::memcmp(PQgetvalue(r, 0, 0), want.data(), n) != 0) {
+      Die(name + ": wrong data");
+    }
+    PQclear(r);
+    total += n;
+  }
+  Report(o, sw.seconds(), o.files, total);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -929,6 +1058,34 @@ int main(int argc, char** argv) {
   table(sq_list);
   sq_list->add_option("--files", o.files, "Expected rows (0: any)");
 
+  auto* pg_commit = app.add_subcommand(
+      "pg-commit", "Raw PostgreSQL: one INSERT + COMMIT per file");
+  db(pg_commit);
+  files(pg_commit);
+  size(pg_commit);
+  per_dir(pg_commit);
+  seed(pg_commit);
+  table(pg_commit);
+  pg_commit->add_option("--sync", o.sync,
+                        "full (synchronous_commit on) or normal (off)");
+
+  auto* pg_fill = app.add_subcommand("pg-fill",
+                                     "Raw PostgreSQL: rows in one transaction");
+  db(pg_fill);
+  files(pg_fill);
+  size(pg_fill);
+  per_dir(pg_fill);
+  seed(pg_fill);
+  table(pg_fill);
+
+  auto* pg_read = app.add_subcommand("pg-read", "Raw PostgreSQL: read rows");
+  db(pg_read);
+  files(pg_read);
+  size(pg_read);
+  per_dir(pg_read);
+  seed(pg_read);
+  table(pg_read);
+
   CLI11_PARSE(app, argc, argv);
   if (o.block == 0) Die("--block must be positive");
   o.op = app.get_subcommands().front()->get_name();
@@ -958,6 +1115,12 @@ int main(int argc, char** argv) {
     SqliteRead(o);
   } else if (o.op == "sqlite-list") {
     SqliteList(o);
+  } else if (o.op == "pg-commit") {
+    PgCommit(o);
+  } else if (o.op == "pg-fill") {
+    PgFill(o);
+  } else if (o.op == "pg-read") {
+    PgRead(o);
   }
   return 0;
 }
