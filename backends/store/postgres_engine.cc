@@ -26,6 +26,7 @@
 #include <unistd.h>
 
 #include <array>
+#include <cctype>
 #include <atomic>
 #include <chrono>
 #include <cstring>
@@ -93,8 +94,11 @@ CREATE TABLE blobs(
   refs BIGINT NOT NULL,
   data BYTEA NOT NULL);
 -- Chunks are already compressed or not worth it; stored uncompressed, a
--- part of one is read without detoasting all of it.
+-- part of one is read without detoasting all of it. No statistics on the
+-- bytes: ANALYZE would copy samples of them into pg_statistic, where a
+-- purge could not reach them.
 ALTER TABLE blobs ALTER COLUMN data SET STORAGE EXTERNAL;
+ALTER TABLE blobs ALTER COLUMN data SET STATISTICS 0;
 CREATE TABLE chunks(
   content TEXT NOT NULL,
   seq BIGINT NOT NULL,
@@ -339,12 +343,15 @@ class Connection final : public Txn {
     // log, not to the terminal of whoever runs agentvfs.
     PQsetNoticeProcessor(
         conn_.get(),
-        [](void*, const char* message) {
-          if (auto log = spdlog::get("store")) {
+        [](void* self, const char* message) {
+          auto* c = static_cast<Connection*>(self);
+          if (c->notices_ != nullptr) {
+            *c->notices_ += message;
+          } else if (auto log = spdlog::get("store")) {
             log->debug("PostgreSQL: {}", Trim(message));
           }
         },
-        nullptr);
+        this);
     return Run(
         "SET client_min_messages = warning; SET synchronous_commit = on; "
         "SET lock_timeout = '30s'; SET bytea_output = hex; "
@@ -410,6 +417,10 @@ class Connection final : public Txn {
 
   PGconn* raw() const { return conn_.get(); }
 
+  // While set, the server's notices (VACUUM VERBOSE's report) are appended
+  // to `*sink` instead of the log.
+  void CaptureNotices(std::string* sink) { notices_ = sink; }
+
  private:
   vfs::Result<ResultPtr> Execute(std::string_view sql,
                                  const std::vector<Value>& params,
@@ -462,7 +473,26 @@ class Connection final : public Txn {
   std::string uri_;
   ConnPtr conn_;
   std::map<std::string, std::string, std::less<>> prepared_;
+  std::string* notices_ = nullptr;
 };
+
+// Whether VACUUM VERBOSE's report says it had to keep dead rows ("N dead
+// row versions cannot be removed yet" with N > 0). A server that reports in
+// another language never matches: the purge then trusts the first rewrite.
+bool KeptDeadRows(const std::string& notices) {
+  static const std::string kTail = " dead row versions cannot be removed yet";
+  for (size_t at = notices.find(kTail); at != std::string::npos;
+       at = notices.find(kTail, at + 1)) {
+    size_t start = at;
+    while (start > 0 && std::isdigit(static_cast<unsigned char>(notices[start - 1]))) {
+      --start;
+    }
+    if (start < at && std::strtoll(notices.c_str() + start, nullptr, 10) > 0) {
+      return true;
+    }
+  }
+  return false;
+}
 
 class PostgresEngine final : public Engine {
  public:
@@ -567,11 +597,29 @@ class PostgresEngine final : public Engine {
     }
     // Rewrite the tables that held content, so that the deleted rows are
     // gone from their files, then checkpoint so the rewrite is what is on
-    // disk. CHECKPOINT needs the pg_checkpoint role (or superuser): without
-    // it the server's own next checkpoint does the same.
-    if (auto ok = writer_.Run("VACUUM FULL blobs, chunks, contents, versions");
-        !ok) {
-      return ok;
+    // disk. A rewrite keeps the rows that a transaction still running in
+    // this database might see (an autovacuum ANALYZE, another mount's
+    // read): VACUUM VERBOSE reports them ("N dead row versions cannot be
+    // removed yet"), and then the rewrite is repeated once they are gone,
+    // as SQLite's Compact waits for readers. CHECKPOINT needs the
+    // pg_checkpoint role (or superuser): without it the server's own next
+    // checkpoint does the same.
+    for (int attempt = 0;; ++attempt) {
+      std::string notices;
+      writer_.CaptureNotices(&notices);
+      auto ok = writer_.Run(
+          "VACUUM (FULL, VERBOSE) blobs, chunks, contents, versions");
+      writer_.CaptureNotices(nullptr);
+      if (!ok) return ok;
+      if (!KeptDeadRows(notices)) break;
+      if (attempt == 100) {
+        return vfs::Fail(EBUSY,
+                         "another session of " + shown_ +
+                             " kept a transaction open for 20 s, so purged "
+                             "rows could not be removed from the files yet; "
+                             "run the purge again when the store is quieter");
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(200));
     }
     if (auto ok = writer_.Run("CHECKPOINT"); !ok) {
       spdlog::warn("{}: CHECKPOINT after purge refused ({}); the server's "

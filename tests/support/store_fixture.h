@@ -8,6 +8,7 @@
 #pragma once
 
 #include <map>
+#include <ostream>
 #include <memory>
 #include <string>
 #include <vector>
@@ -24,6 +25,10 @@ inline constexpr StoreEngine kAllEngines[] = {StoreEngine::kSqlite,
                                               StoreEngine::kPostgres};
 // "Sqlite" / "Postgres", for test names.
 std::string EngineName(StoreEngine engine);
+// For gtest's messages ("GetParam() = Postgres").
+inline void PrintTo(StoreEngine engine, std::ostream* os) {
+  *os << EngineName(engine);
+}
 // For INSTANTIATE_TEST_SUITE_P's name generator.
 template <typename Info>
 std::string EngineName(const Info& info) {

@@ -91,7 +91,8 @@ class HistoryTest : public ::testing::TestWithParam<testing::StoreEngine> {
 
   // Every byte of the store's files on disk: the SQLite database and its
   // log, or the PostgreSQL database's table files after a checkpoint.
-  std::string StoreBytes() {
+  // `where` gets the files (and tables) that hold "SECRET-".
+  std::string StoreBytes(std::string* where = nullptr) {
     if (GetParam() == testing::StoreEngine::kSqlite) {
       return FileBytes(fixture_->db()) + FileBytes(fixture_->db() + "-wal");
     }
@@ -105,7 +106,20 @@ class HistoryTest : public ::testing::TestWithParam<testing::StoreEngine> {
     std::error_code ec;
     for (const auto& e : std::filesystem::directory_iterator(
              dir.value_or("") + "/base/" + oid.value_or(""), ec)) {
-      if (e.is_regular_file()) all += FileBytes(e.path().string());
+      if (!e.is_regular_file()) continue;
+      std::string bytes = FileBytes(e.path().string());
+      if (bytes.find("SECRET-") != std::string::npos) {
+        auto rel = testing::PgQuery(
+            fixture_->db(), "SELECT COALESCE((SELECT relname FROM pg_class "
+                            "WHERE pg_relation_filenode(oid) = " +
+                                e.path().filename().string().substr(
+                                    0, e.path().filename().string().find_first_not_of("0123456789")) +
+                                "), '?')");
+        if (where != nullptr) {
+          *where += e.path().string() + " (" + rel.value_or("?") + ") ";
+        }
+      }
+      all += bytes;
     }
     EXPECT_FALSE(all.empty()) << "no table files found";
     return all;
@@ -225,9 +239,10 @@ TEST_P(HistoryTest, PurgeErasesTheBytesForGood) {
   ASSERT_OK_AND_ASSIGN(auto h, backend_->History(dev_, P(kFile)));
   ASSERT_EQ(h.size(), 1u);
   EXPECT_EQ(Get(dev_, kFile), kept);
-  db = StoreBytes();
+  std::string where;
+  db = StoreBytes(&where);
   EXPECT_EQ(db.find("SECRET-"), std::string::npos)
-      << "purged content is still in the database files";
+      << "purged content is still in the database files: " << where;
 
   // A full purge removes the file and its history; shared content stays.
   ASSERT_OK_AND_ASSIGN(report, backend_->Purge(admin_, P(kFile), false));
