@@ -3,6 +3,11 @@
 
 #include <time.h>
 
+#include <map>
+#include <optional>
+#include <utility>
+#include <vector>
+
 #include "vfs/path.h"
 
 namespace agentvfs::store {
@@ -104,10 +109,75 @@ vfs::Result<std::optional<Inode>> LookupNode(Txn& txn, int64_t parent,
   return std::optional<Inode>{InodeFromRow((*rows)[0])};
 }
 
+// Directory entries already looked up in this walk: (parent, name) -> the
+// inode, or nullopt when the name is known to be missing.
+using LookupCache =
+    std::map<std::pair<int64_t, std::string>, std::optional<Inode>>;
+
+constexpr size_t kPrefetchMax = 32;
+
+// Looks up the leading plain components of `comps` (up to the first "." or
+// "..", at most kPrefetchMax) in one statement: a recursive walk from the
+// root that follows entries while names match and stops at the first
+// missing name or non-directory. Fills `cache` with every entry on the way
+// (and the first missing name under a directory); returns the root.
+// One round trip instead of one per component, which is what a walk costs
+// on a database across a network.
+vfs::Result<std::optional<Inode>> Prefetch(Txn& txn,
+                                           const std::vector<std::string>& comps,
+                                           LookupCache& cache) {
+  size_t n = 0;
+  while (n < comps.size() && n < kPrefetchMax && comps[n] != "." &&
+         comps[n] != "..") {
+    ++n;
+  }
+  if (n == 0) return LoadInode(txn, kRootIno);
+  std::string sql = "WITH RECURSIVE comps(i, name) AS (VALUES ";
+  std::vector<Value> params;
+  for (size_t k = 0; k < n; ++k) {
+    sql += (k ? ", (" : "(") + std::to_string(k + 1) + ", CAST(? AS TEXT))";
+    params.emplace_back(comps[k]);
+  }
+  sql += "), walk(i, ino) AS (SELECT 0, CAST(" + std::to_string(kRootIno) +
+         " AS BIGINT) UNION ALL SELECT c.i, d.ino FROM walk w "
+         "JOIN comps c ON c.i = w.i + 1 "
+         "JOIN dentries d ON d.parent = w.ino AND d.name = c.name) "
+         "SELECT w.i, " +
+         std::string(kInodeColumns) +
+         " FROM walk w JOIN inodes i ON i.ino = w.ino ORDER BY w.i";
+  auto rows = txn.Query(sql, params);
+  if (!rows) return std::unexpected(rows.error());
+  std::optional<Inode> root;
+  std::optional<Inode> prev;
+  for (const auto& r : *rows) {
+    int64_t i = AsInt(r[0]);
+    Inode node = InodeFromRow(r, 1);
+    if (i == 0) {
+      root = node;
+    } else if (prev) {
+      cache[{prev->ino, comps[static_cast<size_t>(i) - 1]}] = node;
+    }
+    prev = std::move(node);
+  }
+  size_t found = rows->empty() ? 0 : rows->size() - 1;
+  if (prev && prev->IsDir() && found < n) {
+    cache[{prev->ino, comps[found]}] = std::nullopt;
+  }
+  return root;
+}
+
 }  // namespace
 
 vfs::Result<Walked> Walk(Txn& txn, const std::string& path, bool follow_last) {
-  auto root = LoadInode(txn, kRootIno);
+  LookupCache cache;
+  std::vector<std::string> first;
+  for (size_t i = 0; i < path.size();) {
+    size_t j = path.find('/', i);
+    if (j == std::string::npos) j = path.size();
+    if (j > i) first.emplace_back(path.substr(i, j - i));
+    i = j + 1;
+  }
+  auto root = Prefetch(txn, first, cache);
   if (!root) return std::unexpected(root.error());
   if (!*root) return vfs::Fail(EIO, "the store has no root directory");
 
@@ -153,7 +223,12 @@ vfs::Result<Walked> Walk(Txn& txn, const std::string& path, bool follow_last) {
       continue;
     }
     if (!dir.IsDir()) return vfs::Fail(ENOTDIR, "not a directory");
-    auto child = LookupNode(txn, dir.ino, comp);
+    vfs::Result<std::optional<Inode>> child;
+    if (auto hit = cache.find({dir.ino, comp}); hit != cache.end()) {
+      child = hit->second;
+    } else {
+      child = LookupNode(txn, dir.ino, comp);
+    }
     if (!child) return std::unexpected(child.error());
     if (!*child) {
       if (!last) return vfs::Fail(ENOENT, "no such directory");
@@ -273,18 +348,35 @@ vfs::Status RecordChange(Txn& txn, const std::string& path,
 }
 
 vfs::Result<std::string> DirPath(Txn& txn, int64_t dir) {
-  std::string path;
-  int64_t cur = dir;
-  for (int depth = 0; cur != kRootIno; ++depth) {
-    if (depth > 4096) return vfs::Fail(EIO, "directory loop in the store");
-    auto rows = txn.Query(
-        "SELECT parent, name FROM dentries WHERE ino = ? LIMIT 1", {cur});
-    if (!rows) return std::unexpected(rows.error());
-    if (rows->empty()) return std::string();
-    path = "/" + AsText((*rows)[0][1]) + path;
-    cur = AsInt((*rows)[0][0]);
+  if (dir == kRootIno) return std::string("/");
+  // A directory has one entry; its ancestors, from `dir` up to a child of
+  // the root, in one statement (one round trip on a networked database).
+  constexpr int kMaxDepth = 4096;
+  auto rows = txn.Query(
+      "WITH RECURSIVE up(depth, parent, name) AS ("
+      "SELECT 0, parent, name FROM dentries WHERE ino = ? "
+      "UNION ALL SELECT u.depth + 1, d.parent, d.name FROM up u "
+      "JOIN dentries d ON d.ino = u.parent "
+      "WHERE u.parent != " +
+          std::to_string(kRootIno) + " AND u.depth <= " +
+          std::to_string(kMaxDepth) +
+          ") SELECT depth, parent, name FROM up ORDER BY depth",
+      {dir});
+  if (!rows) return std::unexpected(rows.error());
+  if (rows->empty()) return std::string();
+  if (rows->size() > kMaxDepth) {
+    return vfs::Fail(EIO, "directory loop in the store");
   }
-  return path.empty() ? "/" : path;
+  for (size_t i = 0; i < rows->size(); ++i) {
+    if (AsInt((*rows)[i][0]) != static_cast<int64_t>(i)) {
+      return vfs::Fail(EIO, "a directory has more than one name in the store");
+    }
+  }
+  // Not under the root: an orphan (its parent was removed).
+  if (AsInt(rows->back()[1]) != kRootIno) return std::string();
+  std::string path;
+  for (const auto& r : *rows) path = "/" + AsText(r[2]) + path;
+  return path;
 }
 
 vfs::Result<std::string> AnyPath(Txn& txn, int64_t ino) {

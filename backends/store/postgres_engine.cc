@@ -324,6 +324,7 @@ class Connection final : public Txn {
   // (Re)connects and sets up the session.
   vfs::Status Open() {
     prepared_.clear();
+    pending_ = false;
     conn_ = Connect(uri_);
     if (conn_ == nullptr || PQstatus(conn_.get()) != CONNECTION_OK) {
       std::string why = conn_ != nullptr ? Trim(PQerrorMessage(conn_.get()))
@@ -358,8 +359,17 @@ class Connection final : public Txn {
         "SET standard_conforming_strings = on");
   }
 
+  // Sends statements without waiting for their outcome (a read-only
+  // transaction's COMMIT: nothing depends on it); the next use of the
+  // connection collects it. Saves a round trip per read.
+  void SendAndForget(const char* sql) {
+    Drain();
+    pending_ = PQsendQuery(conn_.get(), sql) == 1;
+  }
+
   // Runs one or more statements without parameters (simple protocol).
   vfs::Status Run(std::string_view sql) {
+    Drain();
     std::string text(sql);
     ResultPtr r(PQexec(conn_.get(), text.c_str()));
     if (!r || (PQresultStatus(r.get()) != PGRES_COMMAND_OK &&
@@ -422,9 +432,17 @@ class Connection final : public Txn {
   void CaptureNotices(std::string* sink) { notices_ = sink; }
 
  private:
+  // Collects the results of SendAndForget.
+  void Drain() {
+    if (!pending_) return;
+    pending_ = false;
+    while (PGresult* r = PQgetResult(conn_.get())) PQclear(r);
+  }
+
   vfs::Result<ResultPtr> Execute(std::string_view sql,
                                  const std::vector<Value>& params,
                                  int result_format) {
+    Drain();
     std::string key(sql);
     auto it = prepared_.find(key);
     if (it == prepared_.end()) {
@@ -474,6 +492,7 @@ class Connection final : public Txn {
   ConnPtr conn_;
   std::map<std::string, std::string, std::less<>> prepared_;
   std::string* notices_ = nullptr;
+  bool pending_ = false;  // a SendAndForget result is still to be read
 };
 
 // Whether VACUUM VERBOSE's report says it had to keep dead rows ("N dead
@@ -573,7 +592,7 @@ class PostgresEngine final : public Engine {
       return ok;
     }
     vfs::Status result = fn(*r->conn);
-    (void)r->conn->Run(result ? "COMMIT" : "ROLLBACK");
+    r->conn->SendAndForget(result ? "COMMIT" : "ROLLBACK");
     return result;
   }
 
