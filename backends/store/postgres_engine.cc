@@ -353,10 +353,19 @@ class Connection final : public Txn {
           }
         },
         this);
-    return Run(
+    auto set = Run(
         "SET client_min_messages = warning; SET synchronous_commit = on; "
         "SET lock_timeout = '30s'; SET bytea_output = hex; "
         "SET standard_conforming_strings = on");
+    // A session without these settings must not be used: open it again.
+    if (!set) conn_.reset();
+    return set;
+  }
+
+  // Closes the connection; the next Open makes a new one.
+  void Close() {
+    conn_.reset();
+    pending_ = false;
   }
 
   // Sends statements without waiting for their outcome (a read-only
@@ -540,8 +549,12 @@ class PostgresEngine final : public Engine {
   vfs::Status Write(Durability durability, const TxnFn& fn) override {
     (void)durability;  // every commit is synchronous (see the top)
     std::lock_guard lock(write_mu_);
-    if (auto ok = Begin(writer_, "BEGIN; SELECT pg_advisory_xact_lock(" +
-                                     std::to_string(kWriteLock) + ")");
+    // READ COMMITTED whatever the server's or the role's default: each
+    // statement after the lock must see the previous holder's commit.
+    if (auto ok = Begin(writer_,
+                        "BEGIN ISOLATION LEVEL READ COMMITTED, READ WRITE; "
+                        "SELECT pg_advisory_xact_lock(" +
+                            std::to_string(kWriteLock) + ")");
         !ok) {
       return ok;
     }
@@ -618,27 +631,41 @@ class PostgresEngine final : public Engine {
     // gone from their files, then checkpoint so the rewrite is what is on
     // disk. A rewrite keeps the rows that a transaction still running in
     // this database might see (an autovacuum ANALYZE, another mount's
-    // read): VACUUM VERBOSE reports them ("N dead row versions cannot be
-    // removed yet"), and then the rewrite is repeated once they are gone,
-    // as SQLite's Compact waits for readers. CHECKPOINT needs the
-    // pg_checkpoint role (or superuser): without it the server's own next
-    // checkpoint does the same.
-    for (int attempt = 0;; ++attempt) {
+    // read). So first wait (up to 10 s) until no other session of the
+    // database holds a snapshot; and since one may start in between, the
+    // content table's rewrite reports what it kept (VACUUM VERBOSE: "N dead
+    // row versions cannot be removed yet") and is repeated, at most 5
+    // times. CHECKPOINT needs the pg_checkpoint role (or superuser):
+    // without it the server's own next checkpoint does the same.
+    if (auto ok = writer_.Run("VACUUM FULL chunks, contents, versions"); !ok) {
+      return ok;
+    }
+    bool clean = false;
+    for (int attempt = 0; attempt < 5 && !clean; ++attempt) {
+      for (int wait = 0; wait < 100; ++wait) {
+        auto busy = writer_.Query(
+            "SELECT COUNT(*) FROM pg_stat_activity WHERE datname = "
+            "current_database() AND pid <> pg_backend_pid() AND "
+            "backend_xmin IS NOT NULL",
+            {});
+        if (!busy) return std::unexpected(busy.error());
+        if (AsInt((*busy)[0][0]) == 0) break;
+        std::this_thread::sleep_for(std::chrono::milliseconds(100));
+      }
       std::string notices;
       writer_.CaptureNotices(&notices);
-      auto ok = writer_.Run(
-          "VACUUM (FULL, VERBOSE) blobs, chunks, contents, versions");
+      auto ok = writer_.Run("VACUUM (FULL, VERBOSE) blobs");
       writer_.CaptureNotices(nullptr);
       if (!ok) return ok;
-      if (!KeptDeadRows(notices)) break;
-      if (attempt == 100) {
-        return vfs::Fail(EBUSY,
-                         "another session of " + shown_ +
-                             " kept a transaction open for 20 s, so purged "
-                             "rows could not be removed from the files yet; "
-                             "run the purge again when the store is quieter");
-      }
-      std::this_thread::sleep_for(std::chrono::milliseconds(200));
+      clean = !KeptDeadRows(notices);
+    }
+    if (!clean) {
+      return vfs::Fail(EBUSY,
+                       "other sessions of " + shown_ +
+                           " kept transactions open, so erased content may "
+                           "still be in the database files; the purge itself "
+                           "is committed: run it again when the store is "
+                           "quieter");
     }
     if (auto ok = writer_.Run("CHECKPOINT"); !ok) {
       spdlog::warn("{}: CHECKPOINT after purge refused ({}); the server's "
@@ -722,20 +749,14 @@ class PostgresEngine final : public Engine {
                                    "; create one with `agentvfs init --store " +
                                    shown_ + " --admin NAME`");
     }
-    if (missing) {
-      if (auto ok = writer_.Run(
-              "CREATE TABLE agentvfs_schema(version BIGINT NOT NULL); "
-              "INSERT INTO agentvfs_schema VALUES(0)");
-          !ok) {
-        return vfs::Fail(ok.error().code, "cannot create a store in " + shown_ +
-                                              ": " + ok.error().message);
-      }
-    }
     for (size_t v = 0; v < kMigrations.size(); ++v) {
       int target = static_cast<int>(v) + 1;
-      auto cur = writer_.Query("SELECT version FROM agentvfs_schema", {});
-      if (!cur) return std::unexpected(cur.error());
-      int current = cur->empty() ? 0 : static_cast<int>(AsInt((*cur)[0][0]));
+      int current = 0;
+      if (!missing) {
+        auto cur = writer_.Query("SELECT version FROM agentvfs_schema", {});
+        if (!cur) return std::unexpected(cur.error());
+        current = cur->empty() ? 0 : static_cast<int>(AsInt((*cur)[0][0]));
+      }
       if (current > static_cast<int>(kMigrations.size())) {
         return vfs::Fail(EINVAL, shown_ + " has schema version " +
                                      std::to_string(current) +
@@ -745,12 +766,20 @@ class PostgresEngine final : public Engine {
       }
       if (current >= target) continue;
       auto ok = writer_.Run("BEGIN");
+      // A new store's version table comes with its first migration: a
+      // failed first migration leaves the database as it was.
+      if (ok && missing) {
+        ok = writer_.Run(
+            "CREATE TABLE agentvfs_schema(version BIGINT NOT NULL); "
+            "INSERT INTO agentvfs_schema VALUES(0)");
+      }
       if (ok) ok = writer_.Run(kMigrations[v]);
       if (ok) {
         ok = writer_.Run("UPDATE agentvfs_schema SET version = " +
                          std::to_string(target));
       }
       if (ok) ok = writer_.Run("COMMIT");
+      if (ok) missing = false;
       if (!ok) {
         (void)writer_.Run("ROLLBACK");
         return vfs::Fail(ok.error().code, "migrating " + shown_ +
@@ -774,8 +803,8 @@ class PostgresEngine final : public Engine {
     auto pause = std::chrono::milliseconds(100);
     while (!stop_watch_) {
       if (!c.Ok()) {
-        if (!c.Open() ||
-            !c.Run(std::string("LISTEN ") + kChannel)) {
+        if (!c.Open() || !c.Run(std::string("LISTEN ") + kChannel)) {
+          c.Close();  // not listening: start over with a new connection
           struct pollfd p{wake_fd_, POLLIN, 0};
           (void)::poll(&p, 1, static_cast<int>(pause.count()));
           pause = std::min(pause * 2, std::chrono::milliseconds(2000));
@@ -817,24 +846,37 @@ class PostgresEngine final : public Engine {
 }  // namespace
 
 std::string RedactPostgresUri(const std::string& uri) {
-  char* err = nullptr;
-  PQconninfoOption* opts = PQconninfoParse(uri.c_str(), &err);
-  if (opts == nullptr) {
-    if (err != nullptr) PQfreemem(err);
-    return "postgresql://(unparsable URI)";
+  // Everything but the password stays (sslmode and the like matter to
+  // whoever copies the name from a message).
+  std::string out = uri;
+  auto scheme = out.find("://");
+  if (scheme != std::string::npos) {
+    size_t auth = scheme + 3;
+    size_t end = out.find_first_of("/?", auth);
+    if (end == std::string::npos) end = out.size();
+    size_t at = out.rfind('@', end);
+    if (at != std::string::npos && at >= auth) {
+      size_t colon = out.find(':', auth);
+      if (colon != std::string::npos && colon < at) {
+        out.erase(colon, at - colon);
+      }
+    }
   }
-  std::map<std::string, std::string> v;
-  for (PQconninfoOption* o = opts; o->keyword != nullptr; ++o) {
-    if (o->val != nullptr && *o->val != 0) v[o->keyword] = o->val;
+  auto query = out.find('?');
+  if (query != std::string::npos) {
+    std::string kept;
+    size_t i = query + 1;
+    while (i <= out.size()) {
+      size_t amp = out.find('&', i);
+      if (amp == std::string::npos) amp = out.size();
+      std::string param = out.substr(i, amp - i);
+      if (!param.empty() && !param.starts_with("password=")) {
+        kept += (kept.empty() ? "" : "&") + param;
+      }
+      i = amp + 1;
+    }
+    out = out.substr(0, query) + (kept.empty() ? "" : "?" + kept);
   }
-  PQconninfoFree(opts);
-  std::string out = "postgresql://";
-  if (v.contains("user")) out += v["user"] + "@";
-  bool socket_dir = v.contains("host") && v["host"].starts_with('/');
-  if (v.contains("host") && !socket_dir) out += v["host"];
-  if (v.contains("port") && !socket_dir) out += ":" + v["port"];
-  out += "/" + v["dbname"];
-  if (socket_dir) out += "?host=" + v["host"];
   return out;
 }
 

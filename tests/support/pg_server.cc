@@ -2,6 +2,7 @@
 #include "tests/support/pg_server.h"
 
 #include <libpq-fe.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -106,11 +107,15 @@ vfs::Result<std::string> RunServerScript(const std::string& args) {
 }  // namespace
 
 vfs::Result<std::unique_ptr<PrivatePgServer>> PrivatePgServer::Start() {
+  // The server's directory inside a private one (the server's user must
+  // be able to pass through it).
   char tmpl[] = "/tmp/agentvfs-pgown-XXXXXX";
   if (mkdtemp(tmpl) == nullptr) return vfs::Fail(errno, "mkdtemp");
+  if (chmod(tmpl, 0711) != 0) return vfs::Fail(errno, "chmod");
   auto server = std::unique_ptr<PrivatePgServer>(new PrivatePgServer());
-  server->dir_ = tmpl;
-  auto uri = RunServerScript("fresh " + server->dir_);
+  server->parent_ = tmpl;
+  server->dir_ = server->parent_ + "/pg";
+  auto uri = RunServerScript("start " + server->dir_);
   if (!uri) return std::unexpected(uri.error());
   // The script's last line is the URI.
   auto nl = uri->rfind('\n');
@@ -120,6 +125,7 @@ vfs::Result<std::unique_ptr<PrivatePgServer>> PrivatePgServer::Start() {
 
 PrivatePgServer::~PrivatePgServer() {
   if (!dir_.empty()) (void)RunServerScript("stop " + dir_);
+  if (!parent_.empty()) rmdir(parent_.c_str());
 }
 
 vfs::Result<std::string> PrivatePgServer::CreateDatabase(

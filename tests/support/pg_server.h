@@ -44,6 +44,7 @@ class PrivatePgServer {
 
  private:
   PrivatePgServer() = default;
+  std::string parent_;
   std::string dir_;
   std::string uri_;
 };
