@@ -35,6 +35,7 @@
 #include <mutex>
 #include <thread>
 
+#include "backends/store/reader_pool.h"
 #include "spdlog/spdlog.h"
 
 namespace agentvfs::store {
@@ -175,7 +176,7 @@ CREATE TABLE events(
 // the database): one serialises write transactions, one migrations.
 constexpr int64_t kWriteLock = 0x61767366'77726974;    // "avsfwrit"
 constexpr int64_t kMigrateLock = 0x61767366'6d696772;  // "avsfmigr"
-constexpr int kReaders = 4;
+constexpr size_t kReaders = 4;
 constexpr auto kReconnectFor = std::chrono::seconds(30);
 constexpr const char* kChannel = "agentvfs_changes";
 
@@ -526,7 +527,9 @@ class PostgresEngine final : public Engine {
  public:
   explicit PostgresEngine(std::string uri)
       : uri_(std::move(uri)), shown_(RedactPostgresUri(uri_)), writer_(uri_) {
-    for (auto& r : readers_) r.conn = std::make_unique<Connection>(uri_);
+    for (size_t i = 0; i < readers_.size(); ++i) {
+      readers_.Set(i, std::make_unique<Connection>(uri_));
+    }
   }
 
   ~PostgresEngine() override { WatchChanges({}); }
@@ -584,28 +587,14 @@ class PostgresEngine final : public Engine {
   }
 
   vfs::Status Read(const TxnFn& fn) override {
-    Reader* r = nullptr;
-    std::unique_lock<std::mutex> lock;
-    for (auto& candidate : readers_) {
-      std::unique_lock<std::mutex> l(candidate.mu, std::try_to_lock);
-      if (l.owns_lock()) {
-        r = &candidate;
-        lock = std::move(l);
-        break;
-      }
-    }
-    if (r == nullptr) {
-      size_t i = next_reader_.fetch_add(1) % kReaders;
-      r = &readers_[i];
-      lock = std::unique_lock<std::mutex>(r->mu);
-    }
-    if (auto ok = Begin(*r->conn,
+    auto r = readers_.Acquire();
+    if (auto ok = Begin(*r.conn,
                         "BEGIN ISOLATION LEVEL REPEATABLE READ, READ ONLY");
         !ok) {
       return ok;
     }
-    vfs::Status result = fn(*r->conn);
-    r->conn->SendAndForget(result ? "COMMIT" : "ROLLBACK");
+    vfs::Status result = fn(*r.conn);
+    r.conn->SendAndForget(result ? "COMMIT" : "ROLLBACK");
     return result;
   }
 
@@ -703,10 +692,6 @@ class PostgresEngine final : public Engine {
   }
 
  private:
-  struct Reader {
-    std::mutex mu;  // guards conn
-    std::unique_ptr<Connection> conn;
-  };
 
   // Starts a transaction on `c`, reconnecting first when the server dropped
   // the connection (a restart): nothing of this transaction ran yet, so it
@@ -833,8 +818,7 @@ class PostgresEngine final : public Engine {
   std::string shown_;
   std::mutex write_mu_;  // guards writer_
   Connection writer_;
-  std::array<Reader, kReaders> readers_;
-  std::atomic<size_t> next_reader_{0};
+  ReaderPool<Connection, kReaders> readers_;
   int version_ = 0;
 
   std::mutex watch_mu_;  // guards watcher_ and wake_fd_

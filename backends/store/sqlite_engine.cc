@@ -19,6 +19,7 @@
 #include <thread>
 
 #include "backends/store/engine.h"
+#include "backends/store/reader_pool.h"
 #include "spdlog/spdlog.h"
 
 namespace agentvfs::store {
@@ -142,7 +143,7 @@ CREATE TABLE events(
 )sql",
 };
 
-constexpr int kReaders = 4;
+constexpr size_t kReaders = 4;
 constexpr int kBusyTimeoutMs = 30'000;
 
 vfs::Error FromSqlite(sqlite3* db, int rc, std::string_view what) {
@@ -331,11 +332,11 @@ class SqliteEngine final : public Engine {
       : path_(std::move(path)), writer_(std::move(writer)) {}
 
   vfs::Status OpenReaders() {
-    for (int i = 0; i < kReaders; ++i) {
+    for (size_t i = 0; i < kReaders; ++i) {
       auto c = Connection::Open(path_, SQLITE_OPEN_READONLY);
       if (!c) return std::unexpected(c.error());
       if (auto ok = (*c)->Run("PRAGMA query_only=1"); !ok) return ok;
-      readers_[i].conn = std::move(*c);
+      readers_.Set(i, std::move(*c));
     }
     return {};
   }
@@ -407,25 +408,10 @@ class SqliteEngine final : public Engine {
   }
 
   vfs::Status Read(const TxnFn& fn) override {
-    // Any free reader; when all are busy, wait for the first one.
-    Reader* r = nullptr;
-    std::unique_lock<std::mutex> lock;
-    for (auto& candidate : readers_) {
-      std::unique_lock<std::mutex> l(candidate.mu, std::try_to_lock);
-      if (l.owns_lock()) {
-        r = &candidate;
-        lock = std::move(l);
-        break;
-      }
-    }
-    if (r == nullptr) {
-      size_t i = next_reader_.fetch_add(1) % kReaders;
-      r = &readers_[i];
-      lock = std::unique_lock<std::mutex>(r->mu);
-    }
-    if (auto ok = r->conn->Run("BEGIN"); !ok) return ok;
-    vfs::Status result = fn(*r->conn);
-    (void)r->conn->Run("COMMIT");
+    auto r = readers_.Acquire();
+    if (auto ok = r.conn->Run("BEGIN"); !ok) return ok;
+    vfs::Status result = fn(*r.conn);
+    (void)r.conn->Run("COMMIT");
     return result;
   }
 
@@ -465,17 +451,12 @@ class SqliteEngine final : public Engine {
   }
 
  private:
-  struct Reader {
-    std::mutex mu;  // guards conn
-    std::unique_ptr<Connection> conn;
-  };
 
   std::string path_;
   std::mutex write_mu_;  // guards writer_ and synchronous_
   std::unique_ptr<Connection> writer_;
   int synchronous_ = 0;
-  std::array<Reader, kReaders> readers_;
-  std::atomic<size_t> next_reader_{0};
+  ReaderPool<Connection, kReaders> readers_;
   int version_ = 0;
 };
 
