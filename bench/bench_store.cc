@@ -705,10 +705,8 @@ double InsertRows(const Options& o, bool per_commit, std::vector<double>* lat) {
   return sw.seconds();
 }
 
-void SqliteCommit(const Options& o) {
-  std::vector<double> lat;
-  lat.reserve(o.files);
-  double secs = InsertRows(o, true, &lat);
+// Reports one commit per file with the latency percentiles of `lat` (us).
+void ReportCommits(const Options& o, double secs, std::vector<double>& lat) {
   std::sort(lat.begin(), lat.end());
   auto pct = [&](double q) {
     return lat.empty() ? 0.0
@@ -719,6 +717,13 @@ void SqliteCommit(const Options& o) {
   std::snprintf(extra, sizeof extra, "\"p50_us\":%.1f,\"p99_us\":%.1f",
                 pct(0.5), pct(0.99));
   Report(o, secs, o.files, o.files * o.size, extra);
+}
+
+void SqliteCommit(const Options& o) {
+  std::vector<double> lat;
+  lat.reserve(o.files);
+  double secs = InsertRows(o, true, &lat);
+  ReportCommits(o, secs, lat);
 }
 
 void SqliteFill(const Options& o) {
@@ -875,16 +880,7 @@ void PgCommit(const Options& o) {
   std::vector<double> lat;
   lat.reserve(o.files);
   double secs = PgInsertRows(o, true, &lat);
-  std::sort(lat.begin(), lat.end());
-  auto pct = [&](double q) {
-    return lat.empty() ? 0.0
-                       : lat[std::min(lat.size() - 1,
-                                      static_cast<size_t>(q * lat.size()))];
-  };
-  char extra[96];
-  std::snprintf(extra, sizeof extra, "\"p50_us\":%.1f,\"p99_us\":%.1f",
-                pct(0.5), pct(0.99));
-  Report(o, secs, o.files, o.files * o.size, extra);
+  ReportCommits(o, secs, lat);
 }
 
 void PgFill(const Options& o) {
