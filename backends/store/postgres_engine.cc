@@ -623,14 +623,15 @@ class PostgresEngine final : public Engine {
     // read). So first wait (up to 10 s) until no other session of the
     // database holds a snapshot; and since one may start in between, the
     // content table's rewrite reports what it kept (VACUUM VERBOSE: "N dead
-    // row versions cannot be removed yet") and is repeated, at most 5
-    // times. CHECKPOINT needs the pg_checkpoint role (or superuser):
+    // row versions cannot be removed yet") and is repeated, at most 20
+    // times, a quarter of a second apart. CHECKPOINT needs the pg_checkpoint role (or superuser):
     // without it the server's own next checkpoint does the same.
     if (auto ok = writer_.Run("VACUUM FULL chunks, contents, versions"); !ok) {
       return ok;
     }
     bool clean = false;
-    for (int attempt = 0; attempt < 5 && !clean; ++attempt) {
+    for (int attempt = 0; attempt < 20 && !clean; ++attempt) {
+      if (attempt > 0) std::this_thread::sleep_for(std::chrono::milliseconds(250));
       for (int wait = 0; wait < 100; ++wait) {
         auto busy = writer_.Query(
             "SELECT COUNT(*) FROM pg_stat_activity WHERE datname = "
