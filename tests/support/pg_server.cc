@@ -6,9 +6,11 @@
 #include <unistd.h>
 
 #include <atomic>
-#include <cstdio>
 #include <cstdlib>
 #include <random>
+#include <vector>
+
+#include "tests/support/mount_fixture.h"
 
 namespace agentvfs::testing {
 namespace {
@@ -30,6 +32,21 @@ std::string DatabaseOf(const std::string& uri) {
   return uri.substr(start + 3, end == std::string::npos
                                    ? std::string::npos
                                    : end - start - 3);
+}
+
+}  // namespace
+
+namespace {
+
+// A new database `name` on the server of maintenance URI `base` (bytes for
+// names, byte order for listings); its URI.
+vfs::Result<std::string> CreateDatabaseOn(const std::string& base,
+                                          const std::string& name) {
+  auto made = PgQuery(base, "CREATE DATABASE " + name +
+                                " ENCODING 'SQL_ASCII' LC_COLLATE 'C' "
+                                "LC_CTYPE 'C' TEMPLATE template0");
+  if (!made) return std::unexpected(made.error());
+  return WithDatabase(base, name);
 }
 
 }  // namespace
@@ -78,30 +95,21 @@ vfs::Result<std::string> CreateTestDatabase() {
   std::string name = "t" + std::to_string(getpid()) + "_" +
                      std::to_string(counter++) + "_" +
                      std::to_string(rd() % 1000000);
-  auto made = PgQuery(*base, "CREATE DATABASE " + name +
-                                 " ENCODING 'SQL_ASCII' LC_COLLATE 'C' "
-                                 "LC_CTYPE 'C' TEMPLATE template0");
-  if (!made) return std::unexpected(made.error());
-  return WithDatabase(*base, name);
+  return CreateDatabaseOn(*base, name);
 }
 
 namespace {
 
-// Runs scripts/pg-test-server with `args`; its stdout, or an error with its
-// output.
-vfs::Result<std::string> RunServerScript(const std::string& args) {
-  std::string cmd = std::string(AGENTVFS_SOURCE_DIR) +
-                    "/scripts/pg-test-server " + args + " 2>&1";
-  FILE* p = popen(cmd.c_str(), "r");
-  if (p == nullptr) return vfs::Fail(errno, "cannot run " + cmd);
-  std::string out;
-  char buf[4096];
-  size_t n;
-  while ((n = fread(buf, 1, sizeof buf, p)) > 0) out.append(buf, n);
-  int status = pclose(p);
-  if (status != 0) return vfs::Fail(EIO, cmd + " failed: " + out);
-  while (!out.empty() && out.back() == '\n') out.pop_back();
-  return out;
+// Runs scripts/pg-test-server with `args`; its output, or an error with it.
+vfs::Result<std::string> RunServerScript(std::vector<std::string> args) {
+  args.insert(args.begin(),
+              std::string(AGENTVFS_SOURCE_DIR) + "/scripts/pg-test-server");
+  CommandResult r = RunCommand(args);
+  if (r.exit_status != 0) {
+    return vfs::Fail(EIO, args[0] + " " + args[1] + " failed: " + r.output);
+  }
+  while (!r.output.empty() && r.output.back() == '\n') r.output.pop_back();
+  return r.output;
 }
 
 }  // namespace
@@ -115,7 +123,7 @@ vfs::Result<std::unique_ptr<PrivatePgServer>> PrivatePgServer::Start() {
   auto server = std::unique_ptr<PrivatePgServer>(new PrivatePgServer());
   server->parent_ = tmpl;
   server->dir_ = server->parent_ + "/pg";
-  auto uri = RunServerScript("start " + server->dir_);
+  auto uri = RunServerScript({"start", server->dir_});
   if (!uri) return std::unexpected(uri.error());
   // The script's last line is the URI.
   auto nl = uri->rfind('\n');
@@ -124,21 +132,17 @@ vfs::Result<std::unique_ptr<PrivatePgServer>> PrivatePgServer::Start() {
 }
 
 PrivatePgServer::~PrivatePgServer() {
-  if (!dir_.empty()) (void)RunServerScript("stop " + dir_);
+  if (!dir_.empty()) (void)RunServerScript({"stop", dir_});
   if (!parent_.empty()) rmdir(parent_.c_str());
 }
 
 vfs::Result<std::string> PrivatePgServer::CreateDatabase(
     const std::string& name) {
-  auto made = PgQuery(uri_, "CREATE DATABASE " + name +
-                                " ENCODING 'SQL_ASCII' LC_COLLATE 'C' "
-                                "LC_CTYPE 'C' TEMPLATE template0");
-  if (!made) return std::unexpected(made.error());
-  return WithDatabase(uri_, name);
+  return CreateDatabaseOn(uri_, name);
 }
 
 vfs::Status PrivatePgServer::Restart(const std::string& mode) {
-  auto r = RunServerScript("restart " + dir_ + " " + mode);
+  auto r = RunServerScript({"restart", dir_, mode});
   if (!r) return std::unexpected(r.error());
   return {};
 }

@@ -4,15 +4,14 @@
 // the same tokens, grants, contents and histories, and new writes.
 #include <fcntl.h>
 #include <gtest/gtest.h>
-#include <sys/wait.h>
 
-#include <cstdio>
 #include <string>
 
 #include "backends/store/admin.h"
 #include "backends/store/auth.h"
 #include "backends/store/migrate.h"
 #include "backends/store/store.h"
+#include "tests/support/mount_fixture.h"
 #include "tests/support/pg_server.h"
 #include "tests/support/result_matchers.h"
 #include "tests/support/store_fixture.h"
@@ -52,18 +51,10 @@ std::string Get(StoreBackend& b, const vfs::Caller& c, const std::string& path,
   return out;
 }
 
-// Runs the agentvfs binary; its exit code and combined output.
-std::pair<int, std::string> RunAgentvfs(const std::string& args) {
-  std::string cmd = std::string(AGENTVFS_BINARY) + " " + args + " 2>&1";
-  FILE* p = popen(cmd.c_str(), "r");
-  std::string out;
-  char buf[4096];
-  size_t n;
-  while (p != nullptr && (n = fread(buf, 1, sizeof buf, p)) > 0) {
-    out.append(buf, n);
-  }
-  int status = p != nullptr ? pclose(p) : -1;
-  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
+// `agentvfs migrate --from FROM --to TO`: its exit status and output.
+testing::CommandResult Migrate(const std::string& from, const std::string& to) {
+  return testing::RunCommand({AGENTVFS_BINARY, "migrate", "--from", from,
+                              "--to", to});
 }
 
 TEST(MigrateTest, ASqliteStoreMovesToPostgresWhole) {
@@ -101,17 +92,16 @@ TEST(MigrateTest, ASqliteStoreMovesToPostgresWhole) {
   }
 
   ASSERT_OK_AND_ASSIGN(std::string uri, testing::CreateTestDatabase());
-  auto [code, out] =
-      RunAgentvfs("migrate --from " + src->db() + " --to '" + uri + "'");
-  ASSERT_EQ(code, 0) << out;
-  EXPECT_NE(out.find("verified: every table"), std::string::npos) << out;
+  auto migrated = Migrate(src->db(), uri);
+  ASSERT_EQ(migrated.exit_status, 0) << migrated.output;
+  EXPECT_NE(migrated.output.find("verified: every table"), std::string::npos)
+      << migrated.output;
 
   // Into a store that is not empty: refused, nothing changed.
-  auto [again, again_out] =
-      RunAgentvfs("migrate --from " + src->db() + " --to '" + uri + "'");
-  EXPECT_NE(again, 0);
-  EXPECT_NE(again_out.find("already holds a store"), std::string::npos)
-      << again_out;
+  auto again = Migrate(src->db(), uri);
+  EXPECT_NE(again.exit_status, 0);
+  EXPECT_NE(again.output.find("already holds a store"), std::string::npos)
+      << again.output;
 
   auto pg = StoreBackend::Open(uri);
   ASSERT_TRUE(pg.has_value()) << pg.error().ToString();
