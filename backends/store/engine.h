@@ -72,6 +72,11 @@ class Txn {
                                        std::string_view column, int64_t rowid,
                                        void* buf, size_t size,
                                        size_t offset) = 0;
+  // Whether each statement is a round trip to a server. Code above the
+  // engine then folds several lookups into one statement (a recursive path
+  // walk, say); in-process engines run many small indexed statements
+  // faster than one elaborate one.
+  virtual bool StatementsAreRoundTrips() const { return false; }
 };
 
 class Engine {

@@ -122,7 +122,8 @@ constexpr size_t kPrefetchMax = 32;
 // missing name or non-directory. Fills `cache` with every entry on the way
 // (and the first missing name under a directory); returns the root.
 // One round trip instead of one per component, which is what a walk costs
-// on a database across a network.
+// on a database across a network. In-process engines skip it: there the
+// recursive statement costs more than the plain lookups it replaces.
 vfs::Result<std::optional<Inode>> Prefetch(Txn& txn,
                                            const std::vector<std::string>& comps,
                                            LookupCache& cache) {
@@ -131,7 +132,9 @@ vfs::Result<std::optional<Inode>> Prefetch(Txn& txn,
          comps[n] != "..") {
     ++n;
   }
-  if (n == 0) return LoadInode(txn, kRootIno);
+  if (n == 0 || !txn.StatementsAreRoundTrips()) {
+    return LoadInode(txn, kRootIno);
+  }
   std::string sql = "WITH RECURSIVE comps(i, name) AS (VALUES ";
   std::vector<Value> params;
   for (size_t k = 0; k < n; ++k) {
@@ -347,11 +350,37 @@ vfs::Status RecordChange(Txn& txn, const std::string& path,
   return {};
 }
 
+namespace {
+
+// DirPath one entry at a time, for engines where a statement is cheap.
+vfs::Result<std::string> DirPathStepwise(Txn& txn, int64_t dir,
+                                         int max_depth) {
+  std::vector<std::string> names;  // from `dir` up
+  for (int depth = 0; dir != kRootIno; ++depth) {
+    if (depth > max_depth) return vfs::Fail(EIO, "directory loop in the store");
+    auto rows = txn.Query(
+        "SELECT parent, name FROM dentries WHERE ino = ? LIMIT 2", {dir});
+    if (!rows) return std::unexpected(rows.error());
+    if (rows->empty()) return std::string();  // an orphan
+    if (rows->size() > 1) {
+      return vfs::Fail(EIO, "a directory has more than one name in the store");
+    }
+    names.push_back(AsText((*rows)[0][1]));
+    dir = AsInt((*rows)[0][0]);
+  }
+  std::string path;
+  for (auto it = names.rbegin(); it != names.rend(); ++it) path += "/" + *it;
+  return path;
+}
+
+}  // namespace
+
 vfs::Result<std::string> DirPath(Txn& txn, int64_t dir) {
   if (dir == kRootIno) return std::string("/");
   // A directory has one entry; its ancestors, from `dir` up to a child of
   // the root, in one statement (one round trip on a networked database).
   constexpr int kMaxDepth = 4096;
+  if (!txn.StatementsAreRoundTrips()) return DirPathStepwise(txn, dir, kMaxDepth);
   auto rows = txn.Query(
       "WITH RECURSIVE up(depth, parent, name) AS ("
       "SELECT 0, parent, name FROM dentries WHERE ino = ? "

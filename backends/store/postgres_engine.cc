@@ -318,6 +318,8 @@ class Connection final : public Txn {
  public:
   explicit Connection(std::string uri) : uri_(std::move(uri)) {}
 
+  bool StatementsAreRoundTrips() const override { return true; }
+
   bool Ok() const {
     return conn_ != nullptr && PQstatus(conn_.get()) == CONNECTION_OK;
   }

@@ -206,6 +206,11 @@ class Connection final : public Txn {
     return {};
   }
 
+  // Runs one statement without parameters or rows (BEGIN, COMMIT, a
+  // PRAGMA) from the statement cache: the hot transaction statements are
+  // parsed once per connection, not at every transaction.
+  vfs::Status Control(std::string_view sql) { return Step(sql, {}, nullptr); }
+
   vfs::Result<std::vector<Row>> Query(
       std::string_view sql, const std::vector<Value>& params) override {
     std::vector<Row> rows;
@@ -384,35 +389,51 @@ class SqliteEngine final : public Engine {
   }
 
   vfs::Status Write(Durability durability, const TxnFn& fn) override {
+    if (t_holding_writer == this) {
+      // A write inside this thread's own transaction would wait for itself.
+      return vfs::Fail(EDEADLK, "store: a write nested in a transaction");
+    }
     std::lock_guard lock(write_mu_);
+    HoldingWriter holding(this);
     int want = durability == Durability::kFull ? 2 : 1;  // FULL : NORMAL
     if (want != synchronous_) {
-      if (auto ok = writer_->Run(want == 2 ? "PRAGMA synchronous=FULL"
-                                           : "PRAGMA synchronous=NORMAL");
+      if (auto ok = writer_->Control(want == 2 ? "PRAGMA synchronous=FULL"
+                                               : "PRAGMA synchronous=NORMAL");
           !ok) {
         return ok;
       }
       synchronous_ = want;
     }
-    if (auto ok = writer_->Run("BEGIN IMMEDIATE"); !ok) return ok;
+    if (auto ok = writer_->Control("BEGIN IMMEDIATE"); !ok) return ok;
     vfs::Status result = fn(*writer_);
     if (!result) {
-      (void)writer_->Run("ROLLBACK");
+      (void)writer_->Control("ROLLBACK");
       return result;
     }
-    if (auto ok = writer_->Run("COMMIT"); !ok) {
-      (void)writer_->Run("ROLLBACK");
+    if (auto ok = writer_->Control("COMMIT"); !ok) {
+      (void)writer_->Control("ROLLBACK");
       return ok;
     }
     return {};
   }
 
+  // A read runs on the writer's connection when no write holds it, else on
+  // a pool connection. In WAL mode a connection drops its whole page cache
+  // at the start of its first read after any other connection committed;
+  // the writer's connection made this process's commits itself, so its
+  // cache stays valid across them, while a pool connection re-reads every
+  // page it needs after each commit (and frees the memory and takes it
+  // again). A write that arrives meanwhile waits for this one read.
   vfs::Status Read(const TxnFn& fn) override {
+    if (t_holding_writer != this) {
+      std::unique_lock w(write_mu_, std::try_to_lock);
+      if (w.owns_lock()) {
+        HoldingWriter holding(this);
+        return ReadOn(*writer_, fn);
+      }
+    }
     auto r = readers_.Acquire();
-    if (auto ok = r.conn->Run("BEGIN"); !ok) return ok;
-    vfs::Status result = fn(*r.conn);
-    (void)r.conn->Run("COMMIT");
-    return result;
+    return ReadOn(*r.conn, fn);
   }
 
   vfs::Status Barrier() override {
@@ -451,6 +472,24 @@ class SqliteEngine final : public Engine {
   }
 
  private:
+  // Marks the writer's connection as this thread's while it holds
+  // write_mu_, so that a read nested in a transaction takes a pool
+  // connection instead of locking write_mu_ again.
+  struct HoldingWriter {
+    explicit HoldingWriter(const SqliteEngine* e) : prev(t_holding_writer) {
+      t_holding_writer = e;
+    }
+    ~HoldingWriter() { t_holding_writer = prev; }
+    const SqliteEngine* prev;
+  };
+  static thread_local const SqliteEngine* t_holding_writer;
+
+  static vfs::Status ReadOn(Connection& conn, const TxnFn& fn) {
+    if (auto ok = conn.Control("BEGIN"); !ok) return ok;
+    vfs::Status result = fn(conn);
+    (void)conn.Control("COMMIT");
+    return result;
+  }
 
   std::string path_;
   std::mutex write_mu_;  // guards writer_ and synchronous_
@@ -459,6 +498,8 @@ class SqliteEngine final : public Engine {
   ReaderPool<Connection, kReaders> readers_;
   int version_ = 0;
 };
+
+thread_local const SqliteEngine* SqliteEngine::t_holding_writer = nullptr;
 
 }  // namespace
 
