@@ -37,6 +37,8 @@
 
 namespace agentvfs::store {
 
+class DirCache;  // namespace.h
+
 // A BLOB value (bytes), as distinct from TEXT.
 struct Bytes {
   std::string data;
@@ -77,6 +79,9 @@ class Txn {
   // walk, say); in-process engines run many small indexed statements
   // faster than one elaborate one.
   virtual bool StatementsAreRoundTrips() const { return false; }
+  // The engine's cache of directory paths (namespace.h), or none. The
+  // engine only keeps it; code above the engine fills and checks it.
+  virtual DirCache* dir_cache() { return nullptr; }
 };
 
 class Engine {

@@ -3,6 +3,8 @@
 
 #include <time.h>
 
+#include <cstdlib>
+
 #include <map>
 #include <optional>
 #include <utility>
@@ -171,8 +173,23 @@ vfs::Result<std::optional<Inode>> Prefetch(Txn& txn,
 
 }  // namespace
 
-vfs::Result<Walked> Walk(Txn& txn, const std::string& path, bool follow_last) {
-  LookupCache cache;
+namespace {
+
+// A walk's use of the DirCache: the cache and the generation its
+// transaction sees.
+struct CacheUse {
+  DirCache* cache;
+  int64_t gen;
+};
+
+std::string JoinPath(const std::vector<std::string>& names, size_t n) {
+  std::string p;
+  for (size_t i = 0; i < n; ++i) p += "/" + names[i];
+  return p;
+}
+
+vfs::Result<Walked> WalkWith(Txn& txn, const std::string& path,
+                             bool follow_last, const CacheUse* cu) {
   std::vector<std::string> first;
   for (size_t i = 0; i < path.size();) {
     size_t j = path.find('/', i);
@@ -180,13 +197,9 @@ vfs::Result<Walked> Walk(Txn& txn, const std::string& path, bool follow_last) {
     if (j > i) first.emplace_back(path.substr(i, j - i));
     i = j + 1;
   }
-  auto root = Prefetch(txn, first, cache);
-  if (!root) return std::unexpected(root.error());
-  if (!*root) return vfs::Fail(EIO, "the store has no root directory");
-
   // Pending components, consumed from the front; symlink targets are
   // spliced in place of the link.
-  std::vector<std::string> todo;
+  std::vector<std::string> todo = first;
   auto push_path = [&todo](std::string_view p, size_t at) {
     std::vector<std::string> parts;
     size_t i = 0;
@@ -199,18 +212,61 @@ vfs::Result<Walked> Walk(Txn& txn, const std::string& path, bool follow_last) {
     todo.insert(todo.begin() + static_cast<long>(at), parts.begin(),
                 parts.end());
   };
-  push_path(path, 0);
 
-  std::vector<Inode> stack{**root};  // directories from the root down
-  std::vector<std::string> names;    // names of stack[1..]
+  std::vector<Inode> stack;        // directories from the root down
+  std::vector<std::string> names;  // names of stack[1..]
+  size_t pos = 0;
+  // Started at a cached directory: `stack` then holds only that directory,
+  // so anything that needs the ones above it (a "." or "..", a symlink)
+  // walks again from the root.
+  bool from_cache = false;
+  LookupCache lookups;
+  if (cu != nullptr && first.size() >= 2) {
+    bool plain = true;
+    for (size_t i = 0; i + 1 < first.size(); ++i) {
+      plain = plain && first[i] != "." && first[i] != "..";
+    }
+    auto ino =
+        plain ? cu->cache->Ino(cu->gen, JoinPath(first, first.size() - 1))
+              : std::nullopt;
+    if (ino) {
+      auto dir = LoadInode(txn, *ino);
+      if (!dir) return std::unexpected(dir.error());
+      if (*dir && (*dir)->IsDir()) {
+        stack.push_back(std::move(**dir));
+        names.assign(first.begin(), first.end() - 1);
+        pos = first.size() - 1;
+        from_cache = true;
+      }
+    }
+  }
+  if (!from_cache) {
+    auto root = Prefetch(txn, first, lookups);
+    if (!root) return std::unexpected(root.error());
+    if (!*root) return vfs::Fail(EIO, "the store has no root directory");
+    stack.push_back(std::move(**root));
+  }
+  auto walk_again = [&] { return WalkWith(txn, path, follow_last, nullptr); };
+  // No symlink followed and no "." or "..": stack and names are the plain
+  // resolution of the path so far, which the cache may keep.
+  bool plain = true;
+  auto remember = [&](const std::string& dir_path, int64_t ino) {
+    if (cu != nullptr && plain && !dir_path.empty()) {
+      cu->cache->Put(cu->gen, dir_path, ino);
+    }
+  };
+
   int links = 0;
   Walked out;
-  out.node = **root;
-  size_t pos = 0;
+  out.node = stack.back();
   while (pos < todo.size()) {
     const std::string comp = todo[pos];
     bool last = pos + 1 == todo.size();
     Inode& dir = stack.back();
+    if (comp == "." || comp == "..") {
+      if (from_cache) return walk_again();
+      plain = false;
+    }
     if (comp == ".") {
       ++pos;
       if (last) out.node = dir;
@@ -227,7 +283,7 @@ vfs::Result<Walked> Walk(Txn& txn, const std::string& path, bool follow_last) {
     }
     if (!dir.IsDir()) return vfs::Fail(ENOTDIR, "not a directory");
     vfs::Result<std::optional<Inode>> child;
-    if (auto hit = cache.find({dir.ino, comp}); hit != cache.end()) {
+    if (auto hit = lookups.find({dir.ino, comp}); hit != lookups.end()) {
       child = hit->second;
     } else {
       child = LookupNode(txn, dir.ino, comp);
@@ -235,15 +291,16 @@ vfs::Result<Walked> Walk(Txn& txn, const std::string& path, bool follow_last) {
     if (!child) return std::unexpected(child.error());
     if (!*child) {
       if (!last) return vfs::Fail(ENOENT, "no such directory");
+      remember(JoinPath(names, names.size()), dir.ino);
       out.parent = dir;
       out.name = comp;
       out.node.reset();
-      std::string p;
-      for (const auto& n : names) p += "/" + n;
-      out.path = p + "/" + comp;
+      out.path = JoinPath(names, names.size()) + "/" + comp;
       return out;
     }
     if ((*child)->IsLink() && (!last || follow_last)) {
+      if (from_cache) return walk_again();
+      plain = false;
       if (++links > 40) return vfs::Fail(ELOOP, "too many symlinks");
       const std::string& target = (*child)->target;
       todo.erase(todo.begin() + static_cast<long>(pos));
@@ -266,12 +323,12 @@ vfs::Result<Walked> Walk(Txn& txn, const std::string& path, bool follow_last) {
       continue;
     }
     if (last) {
+      remember(JoinPath(names, names.size()), dir.ino);
       out.parent = dir;
       out.name = comp;
       out.node = std::move(*child);
-      std::string p;
-      for (const auto& n : names) p += "/" + n;
-      out.path = p + "/" + comp;
+      out.path = JoinPath(names, names.size()) + "/" + comp;
+      if (out.node->IsDir()) remember(out.path, out.node->ino);
       return out;
     }
     stack.push_back(std::move(**child));
@@ -284,10 +341,70 @@ vfs::Result<Walked> Walk(Txn& txn, const std::string& path, bool follow_last) {
     out.parent = stack[stack.size() - 2];
     out.name = names.back();
   }
-  std::string p;
-  for (const auto& n : names) p += "/" + n;
+  std::string p = JoinPath(names, names.size());
   out.path = p.empty() ? "/" : p;
   return out;
+}
+
+}  // namespace
+
+bool DirCache::SyncLocked(int64_t gen) {
+  if (gen < gen_) return false;
+  if (gen > gen_ || inos_.size() >= kMaxEntries) {
+    inos_.clear();
+    paths_.clear();
+    gen_ = gen;
+  }
+  return true;
+}
+
+std::optional<int64_t> DirCache::Ino(int64_t gen, const std::string& path) {
+  std::lock_guard lock(mu_);
+  if (gen != gen_) return std::nullopt;
+  auto it = inos_.find(path);
+  if (it == inos_.end()) return std::nullopt;
+  return it->second;
+}
+
+std::optional<std::string> DirCache::PathOf(int64_t gen, int64_t ino) {
+  std::lock_guard lock(mu_);
+  if (gen != gen_) return std::nullopt;
+  auto it = paths_.find(ino);
+  if (it == paths_.end()) return std::nullopt;
+  return it->second;
+}
+
+void DirCache::Put(int64_t gen, const std::string& path, int64_t ino) {
+  std::lock_guard lock(mu_);
+  if (!SyncLocked(gen)) return;
+  inos_[path] = ino;
+  paths_[ino] = path;
+}
+
+vfs::Result<int64_t> DirGeneration(Txn& txn) {
+  auto rows = txn.Query("SELECT value FROM meta WHERE key = 'dirgen'");
+  if (!rows) return std::unexpected(rows.error());
+  if (rows->empty()) return int64_t{0};
+  const std::string v = AsText((*rows)[0][0]);
+  return static_cast<int64_t>(std::strtoll(v.c_str(), nullptr, 10));
+}
+
+vfs::Status BumpDirGeneration(Txn& txn) {
+  auto ok = txn.Exec(
+      "INSERT INTO meta(key, value) VALUES('dirgen', '1') "
+      "ON CONFLICT(key) DO UPDATE SET "
+      "value = CAST(CAST(meta.value AS INTEGER) + 1 AS TEXT)");
+  if (!ok) return std::unexpected(ok.error());
+  return {};
+}
+
+vfs::Result<Walked> Walk(Txn& txn, const std::string& path, bool follow_last) {
+  DirCache* cache = txn.dir_cache();
+  if (cache == nullptr) return WalkWith(txn, path, follow_last, nullptr);
+  auto gen = DirGeneration(txn);
+  if (!gen) return std::unexpected(gen.error());
+  CacheUse cu{cache, *gen};
+  return WalkWith(txn, path, follow_last, &cu);
 }
 
 vfs::Result<Inode> CreateNode(Txn& txn, const Inode& parent,
@@ -352,6 +469,8 @@ vfs::Status RecordChange(Txn& txn, const std::string& path,
 
 namespace {
 
+vfs::Result<std::string> DirPathUncached(Txn& txn, int64_t dir);
+
 // DirPath one entry at a time, for engines where a statement is cheap.
 vfs::Result<std::string> DirPathStepwise(Txn& txn, int64_t dir,
                                          int max_depth) {
@@ -377,6 +496,20 @@ vfs::Result<std::string> DirPathStepwise(Txn& txn, int64_t dir,
 
 vfs::Result<std::string> DirPath(Txn& txn, int64_t dir) {
   if (dir == kRootIno) return std::string("/");
+  if (DirCache* cache = txn.dir_cache()) {
+    auto gen = DirGeneration(txn);
+    if (!gen) return std::unexpected(gen.error());
+    if (auto hit = cache->PathOf(*gen, dir)) return *hit;
+    auto path = DirPathUncached(txn, dir);
+    if (path && !path->empty()) cache->Put(*gen, *path, dir);
+    return path;
+  }
+  return DirPathUncached(txn, dir);
+}
+
+namespace {
+
+vfs::Result<std::string> DirPathUncached(Txn& txn, int64_t dir) {
   // A directory has one entry; its ancestors, from `dir` up to a child of
   // the root, in one statement (one round trip on a networked database).
   constexpr int kMaxDepth = 4096;
@@ -407,6 +540,8 @@ vfs::Result<std::string> DirPath(Txn& txn, int64_t dir) {
   for (const auto& r : *rows) path = "/" + AsText(r[2]) + path;
   return path;
 }
+
+}  // namespace
 
 vfs::Result<std::string> AnyPath(Txn& txn, int64_t ino) {
   if (ino == kRootIno) return std::string("/");

@@ -6,8 +6,10 @@
 #include <sys/stat.h>
 
 #include <cstdint>
+#include <mutex>
 #include <optional>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "backends/store/engine.h"
@@ -48,6 +50,38 @@ vfs::Result<std::optional<Inode>> LoadInode(Txn& txn, int64_t ino);
 vfs::Result<std::optional<int64_t>> LookupName(Txn& txn, int64_t parent,
                                                std::string_view name);
 
+// Directory paths resolved before, both ways (path -> inode, inode -> path),
+// so that a walk looks up only its last component and a directory's path
+// costs no lookups. Entries hold for one value of the store's directory
+// generation (DirGeneration), which every transaction that takes a
+// directory away from its path bumps (rmdir, a rename of or over a
+// directory); a walk reads the generation in its own transaction,
+// so it never uses an entry its snapshot contradicts. Only paths of plain
+// directories are kept (no symlink on the way). Thread-safe.
+class DirCache {
+ public:
+  std::optional<int64_t> Ino(int64_t gen, const std::string& path);
+  std::optional<std::string> PathOf(int64_t gen, int64_t ino);
+  void Put(int64_t gen, const std::string& path, int64_t ino);
+
+ private:
+  // Drops entries of an older generation; false when `gen` is older than
+  // the entries (a transaction on an older snapshot: neither use nor fill).
+  bool SyncLocked(int64_t gen);
+
+  static constexpr size_t kMaxEntries = 16384;
+  std::mutex mu_;  // guards everything below
+  int64_t gen_ = -1;
+  std::unordered_map<std::string, int64_t> inos_;
+  std::unordered_map<int64_t, std::string> paths_;
+};
+
+// The directory generation of the store as this transaction sees it.
+vfs::Result<int64_t> DirGeneration(Txn& txn);
+// Bumps it: to be called by every transaction that removes a directory's
+// entry or moves it (or over it).
+vfs::Status BumpDirGeneration(Txn& txn);
+
 // Where a path leads.
 struct Walked {
   std::optional<Inode> parent;  // the directory holding the last name
@@ -61,6 +95,8 @@ struct Walked {
 // -> EACCES; more than 40 -> ELOOP); the last one only if `follow_last`.
 // ENOENT when a middle component is missing, ENOTDIR when it is not a
 // directory. A missing last component is not an error (node is empty).
+// With the transaction's DirCache, a walk whose leading directories are
+// cached looks up only the last component.
 vfs::Result<Walked> Walk(Txn& txn, const std::string& path, bool follow_last);
 
 // Inserts a new inode and its entry `name` in `parent`; returns it.

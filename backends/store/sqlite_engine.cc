@@ -19,6 +19,7 @@
 #include <thread>
 
 #include "backends/store/engine.h"
+#include "backends/store/namespace.h"
 #include "backends/store/reader_pool.h"
 #include "spdlog/spdlog.h"
 
@@ -192,6 +193,9 @@ class Connection final : public Txn {
 
   sqlite3* db() const { return db_; }
 
+  DirCache* dir_cache() override { return dir_cache_; }
+  void SetDirCache(DirCache* cache) { dir_cache_ = cache; }
+
   vfs::Status Run(std::string_view sql) {
     char* err = nullptr;
     std::string text(sql);
@@ -329,18 +333,22 @@ class Connection final : public Txn {
 
   sqlite3* db_;
   std::map<std::string, sqlite3_stmt*, std::less<>> cache_;
+  DirCache* dir_cache_ = nullptr;  // the engine's
 };
 
 class SqliteEngine final : public Engine {
  public:
   SqliteEngine(std::string path, std::unique_ptr<Connection> writer)
-      : path_(std::move(path)), writer_(std::move(writer)) {}
+      : path_(std::move(path)), writer_(std::move(writer)) {
+    writer_->SetDirCache(&dir_cache_);
+  }
 
   vfs::Status OpenReaders() {
     for (size_t i = 0; i < kReaders; ++i) {
       auto c = Connection::Open(path_, SQLITE_OPEN_READONLY);
       if (!c) return std::unexpected(c.error());
       if (auto ok = (*c)->Run("PRAGMA query_only=1"); !ok) return ok;
+      (*c)->SetDirCache(&dir_cache_);
       readers_.Set(i, std::move(*c));
     }
     return {};
@@ -492,6 +500,9 @@ class SqliteEngine final : public Engine {
   }
 
   std::string path_;
+  // Directory paths for namespace.cc's walks: statements are cheap here,
+  // but a walk that skips its leading directories is cheaper still.
+  DirCache dir_cache_;
   std::mutex write_mu_;  // guards writer_ and synchronous_
   std::unique_ptr<Connection> writer_;
   int synchronous_ = 0;
