@@ -758,14 +758,23 @@ class StoreBackend::Impl {
     if (listener_ == nullptr) return;
     std::vector<std::string> paths;
     (void)engine_.Read([&](Txn& txn) -> Status {
+      // Only other frontends' changes are read; the feed's end is taken in
+      // the same snapshot, so a batch that is not full covers everything up
+      // to it (a busy mount's own changes are most of the feed).
+      constexpr int64_t kBatch = 2000;
+      auto end = txn.Query("SELECT COALESCE(MAX(seq), 0) FROM changes");
+      if (!end) return std::unexpected(end.error());
       auto rows = txn.Query(
-          "SELECT seq, path, origin FROM changes WHERE seq > ? ORDER BY seq "
-          "LIMIT 2000",
-          {last_seq_});
+          "SELECT seq, path FROM changes WHERE seq > ? AND origin != ? "
+          "ORDER BY seq LIMIT " +
+              std::to_string(kBatch),
+          {last_seq_, instance_});
       if (!rows) return std::unexpected(rows.error());
-      for (const auto& r : *rows) {
-        last_seq_ = AsInt(r[0]);
-        if (AsText(r[2]) != instance_) paths.push_back(AsText(r[1]));
+      for (const auto& r : *rows) paths.push_back(AsText(r[1]));
+      if (static_cast<int64_t>(rows->size()) < kBatch) {
+        last_seq_ = std::max(last_seq_, AsInt((*end)[0][0]));
+      } else {
+        last_seq_ = AsInt(rows->back()[0]);
       }
       return {};
     });
