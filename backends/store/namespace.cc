@@ -374,6 +374,13 @@ std::optional<std::string> DirCache::PathOf(int64_t gen, int64_t ino) {
   return it->second;
 }
 
+void DirCache::Clear() {
+  std::lock_guard lock(mu_);
+  inos_.clear();
+  paths_.clear();
+  gen_ = -1;
+}
+
 void DirCache::Put(int64_t gen, const std::string& path, int64_t ino) {
   std::lock_guard lock(mu_);
   if (!SyncLocked(gen)) return;
@@ -387,15 +394,6 @@ vfs::Result<int64_t> DirGeneration(Txn& txn) {
   if (rows->empty()) return int64_t{0};
   const std::string v = AsText((*rows)[0][0]);
   return static_cast<int64_t>(std::strtoll(v.c_str(), nullptr, 10));
-}
-
-vfs::Status BumpDirGeneration(Txn& txn) {
-  auto ok = txn.Exec(
-      "INSERT INTO meta(key, value) VALUES('dirgen', '1') "
-      "ON CONFLICT(key) DO UPDATE SET "
-      "value = CAST(CAST(meta.value AS INTEGER) + 1 AS TEXT)");
-  if (!ok) return std::unexpected(ok.error());
-  return {};
 }
 
 vfs::Result<Walked> Walk(Txn& txn, const std::string& path, bool follow_last) {
@@ -476,7 +474,9 @@ vfs::Result<std::string> DirPathStepwise(Txn& txn, int64_t dir,
                                          int max_depth) {
   std::vector<std::string> names;  // from `dir` up
   for (int depth = 0; dir != kRootIno; ++depth) {
-    if (depth > max_depth) return vfs::Fail(EIO, "directory loop in the store");
+    if (depth >= max_depth) {
+      return vfs::Fail(EIO, "directory loop in the store");
+    }
     auto rows = txn.Query(
         "SELECT parent, name FROM dentries WHERE ino = ? LIMIT 2", {dir});
     if (!rows) return std::unexpected(rows.error());

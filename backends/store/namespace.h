@@ -53,16 +53,19 @@ vfs::Result<std::optional<int64_t>> LookupName(Txn& txn, int64_t parent,
 // Directory paths resolved before, both ways (path -> inode, inode -> path),
 // so that a walk looks up only its last component and a directory's path
 // costs no lookups. Entries hold for one value of the store's directory
-// generation (DirGeneration), which every transaction that takes a
-// directory away from its path bumps (rmdir, a rename of or over a
-// directory); a walk reads the generation in its own transaction,
-// so it never uses an entry its snapshot contradicts. Only paths of plain
+// generation (DirGeneration), which the schema bumps in every transaction
+// that removes or changes a directory's entry (SQLite triggers: rmdir, a
+// rename of or over a directory, whoever runs it); a walk reads the
+// generation in its own transaction, so it never uses an entry its
+// snapshot contradicts. Only paths of plain
 // directories are kept (no symlink on the way). Thread-safe.
 class DirCache {
  public:
   std::optional<int64_t> Ino(int64_t gen, const std::string& path);
   std::optional<std::string> PathOf(int64_t gen, int64_t ino);
   void Put(int64_t gen, const std::string& path, int64_t ino);
+  // Forgets everything (a write transaction that filled it rolled back).
+  void Clear();
 
  private:
   // Drops entries of an older generation; false when `gen` is older than
@@ -78,9 +81,6 @@ class DirCache {
 
 // The directory generation of the store as this transaction sees it.
 vfs::Result<int64_t> DirGeneration(Txn& txn);
-// Bumps it: to be called by every transaction that removes a directory's
-// entry or moves it (or over it).
-vfs::Status BumpDirGeneration(Txn& txn);
 
 // Where a path leads.
 struct Walked {

@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include <array>
+#include <atomic>
 #include <chrono>
 #include <cstring>
 #include <filesystem>
@@ -28,7 +29,7 @@ namespace {
 
 // Migrations in order; index + 1 is the schema version each one produces.
 // Never edit a released migration: add a new one.
-constexpr std::array<std::string_view, 2> kMigrations = {
+constexpr std::array<std::string_view, 3> kMigrations = {
     R"sql(
 CREATE TABLE meta(key TEXT PRIMARY KEY, value TEXT NOT NULL);
 CREATE TABLE inodes(
@@ -141,6 +142,26 @@ CREATE TABLE events(
   kind TEXT NOT NULL,
   data TEXT NOT NULL,
   PRIMARY KEY(session, seq));
+)sql",
+    // 3: the directory generation (namespace.h, DirCache): bumped by the
+    // schema itself whenever a directory's entry is removed or changed, so
+    // that every writer of the file keeps it, whatever its code.
+    R"sql(
+INSERT INTO meta(key, value) VALUES('dirgen', '0')
+  ON CONFLICT(key) DO NOTHING;
+CREATE TRIGGER dentries_dir_removed AFTER DELETE ON dentries
+  WHEN (SELECT kind FROM inodes WHERE ino = OLD.ino) = 16384
+BEGIN
+  INSERT INTO meta(key, value) VALUES('dirgen', '1')
+    ON CONFLICT(key) DO UPDATE SET value = CAST(CAST(value AS INTEGER) + 1 AS TEXT);
+END;
+CREATE TRIGGER dentries_dir_changed AFTER UPDATE ON dentries
+  WHEN (SELECT kind FROM inodes WHERE ino = OLD.ino) = 16384
+    OR (SELECT kind FROM inodes WHERE ino = NEW.ino) = 16384
+BEGIN
+  INSERT INTO meta(key, value) VALUES('dirgen', '1')
+    ON CONFLICT(key) DO UPDATE SET value = CAST(CAST(value AS INTEGER) + 1 AS TEXT);
+END;
 )sql",
 };
 
@@ -397,12 +418,12 @@ class SqliteEngine final : public Engine {
   }
 
   vfs::Status Write(Durability durability, const TxnFn& fn) override {
-    if (t_holding_writer == this) {
+    if (HeldByThisThread()) {
       // A write inside this thread's own transaction would wait for itself.
       return vfs::Fail(EDEADLK, "store: a write nested in a transaction");
     }
     std::lock_guard lock(write_mu_);
-    HoldingWriter holding(this);
+    HoldingWriter holding(*this);
     int want = durability == Durability::kFull ? 2 : 1;  // FULL : NORMAL
     if (want != synchronous_) {
       if (auto ok = writer_->Control(want == 2 ? "PRAGMA synchronous=FULL"
@@ -414,15 +435,14 @@ class SqliteEngine final : public Engine {
     }
     if (auto ok = writer_->Control("BEGIN IMMEDIATE"); !ok) return ok;
     vfs::Status result = fn(*writer_);
+    if (result) result = writer_->Control("COMMIT");
     if (!result) {
       (void)writer_->Control("ROLLBACK");
-      return result;
+      // Walks inside the transaction may have cached directories that now
+      // never existed (and whose inode numbers will be given out again).
+      dir_cache_.Clear();
     }
-    if (auto ok = writer_->Control("COMMIT"); !ok) {
-      (void)writer_->Control("ROLLBACK");
-      return ok;
-    }
-    return {};
+    return result;
   }
 
   // A read runs on the writer's connection when no write holds it, else on
@@ -433,11 +453,18 @@ class SqliteEngine final : public Engine {
   // page it needs after each commit (and frees the memory and takes it
   // again). A write that arrives meanwhile waits for this one read.
   vfs::Status Read(const TxnFn& fn) override {
-    if (t_holding_writer != this) {
+    if (!HeldByThisThread()) {
       std::unique_lock w(write_mu_, std::try_to_lock);
       if (w.owns_lock()) {
-        HoldingWriter holding(this);
-        return ReadOn(*writer_, fn);
+        HoldingWriter holding(*this);
+        // Read-only like the pool's connections: a callback that wrote
+        // would fail instead of committing.
+        if (auto ok = writer_->Control("PRAGMA query_only=1"); !ok) return ok;
+        vfs::Status result = ReadOn(*writer_, fn);
+        if (auto ok = writer_->Control("PRAGMA query_only=0"); !ok) {
+          return ok;
+        }
+        return result;
       }
     }
     auto r = readers_.Acquire();
@@ -462,6 +489,9 @@ class SqliteEngine final : public Engine {
   }
 
   vfs::Status Compact() override {
+    if (HeldByThisThread()) {
+      return vfs::Fail(EDEADLK, "store: compaction inside a transaction");
+    }
     std::lock_guard lock(write_mu_);
     // Overwrite the freed pages, then fold the log into the database and
     // truncate it, so that erased content is in neither file.
@@ -480,22 +510,25 @@ class SqliteEngine final : public Engine {
   }
 
  private:
-  // Marks the writer's connection as this thread's while it holds
-  // write_mu_, so that a read nested in a transaction takes a pool
-  // connection instead of locking write_mu_ again.
+  // Records which thread holds write_mu_ (for a transaction or a read on
+  // the writer's connection), so that a read nested in it takes a pool
+  // connection instead of locking write_mu_ again, and a nested write fails
+  // instead of waiting for itself.
   struct HoldingWriter {
-    explicit HoldingWriter(const SqliteEngine* e) : prev(t_holding_writer) {
-      t_holding_writer = e;
+    explicit HoldingWriter(SqliteEngine& e) : engine(e) {
+      engine.writer_owner_.store(std::this_thread::get_id());
     }
-    ~HoldingWriter() { t_holding_writer = prev; }
-    const SqliteEngine* prev;
+    ~HoldingWriter() { engine.writer_owner_.store(std::thread::id()); }
+    SqliteEngine& engine;
   };
-  static thread_local const SqliteEngine* t_holding_writer;
+  bool HeldByThisThread() const {
+    return writer_owner_.load() == std::this_thread::get_id();
+  }
 
   static vfs::Status ReadOn(Connection& conn, const TxnFn& fn) {
     if (auto ok = conn.Control("BEGIN"); !ok) return ok;
     vfs::Status result = fn(conn);
-    (void)conn.Control("COMMIT");
+    if (!result || !conn.Control("COMMIT")) (void)conn.Control("ROLLBACK");
     return result;
   }
 
@@ -504,13 +537,12 @@ class SqliteEngine final : public Engine {
   // but a walk that skips its leading directories is cheaper still.
   DirCache dir_cache_;
   std::mutex write_mu_;  // guards writer_ and synchronous_
+  std::atomic<std::thread::id> writer_owner_{};  // of write_mu_, when held
   std::unique_ptr<Connection> writer_;
   int synchronous_ = 0;
   ReaderPool<Connection, kReaders> readers_;
   int version_ = 0;
 };
-
-thread_local const SqliteEngine* SqliteEngine::t_holding_writer = nullptr;
 
 }  // namespace
 

@@ -1371,7 +1371,6 @@ Status RemoveName(Txn& txn, const Caller& c, const Inode& parent,
   if (!d) return std::unexpected(d.error());
   TRY(TouchDir(txn, parent.ino, now));
   if (node.IsDir()) {
-    TRY(BumpDirGeneration(txn));
     auto del = txn.Exec("DELETE FROM inodes WHERE ino = ?", {node.ino});
     if (!del) return std::unexpected(del.error());
     auto up = txn.Exec("UPDATE inodes SET nlink = nlink - 1 WHERE ino = ?",
@@ -1515,9 +1514,6 @@ Status StoreBackend::Rename(const Caller& c, const Path& from, const Path& to,
     if (!dst.parent) return Fail(EBUSY, "the root cannot be replaced");
     TRY(Impl::NeedCreate(*policy, dst.path));
     if (src.node->ino == (dst.node ? dst.node->ino : -1)) return {};
-    if (src.node->IsDir() || (dst.node && dst.node->IsDir())) {
-      TRY(BumpDirGeneration(txn));
-    }
     // A directory may not move below itself.
     if (src.node->IsDir()) TRY(NotBelow(txn, dst.parent->ino, src.node->ino));
     if (flags & RENAME_EXCHANGE) {

@@ -4,11 +4,13 @@
 // cache) renamed or removed the directories, because such changes bump the
 // store's directory generation in their own transaction.
 #include <fcntl.h>
+#include <sqlite3.h>
 
 #include <string>
 
 #include "backends/store/namespace.h"
 #include "backends/store/store.h"
+#include "tests/support/mount_fixture.h"
 #include "tests/support/pg_server.h"
 #include "tests/support/result_matchers.h"
 #include "tests/support/store_fixture.h"
@@ -33,6 +35,87 @@ TEST(DirCacheTest, EntriesHoldForOneGenerationOnly) {
   EXPECT_EQ(cache.PathOf(4, 10), std::nullopt);
   EXPECT_EQ(cache.Ino(4, "/memories/b"), 12);
   EXPECT_EQ(cache.Ino(3, "/memories/b"), std::nullopt);
+}
+
+// Walks and creates through the namespace functions on one engine.
+class DirCacheEngineTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    auto e = Engine::Open(dir_.Sub("s.db"), true);
+    ASSERT_TRUE(e.has_value()) << e.error().ToString();
+    engine_ = std::move(*e);
+  }
+
+  // Makes directory `name` under the root.
+  vfs::Result<Inode> MakeDir(Txn& txn, const std::string& name) {
+    auto root = LoadInode(txn, kRootIno);
+    if (!root) return std::unexpected(root.error());
+    return CreateNode(txn, **root, name, S_IFDIR, 0755, 0, 0, "", NowNs());
+  }
+
+  // The inode `path` leads to (0: none).
+  int64_t InoOf(const std::string& path) {
+    int64_t ino = -1;
+    auto ok = engine_->Read([&](Txn& txn) -> vfs::Status {
+      auto w = Walk(txn, path, true);
+      if (!w) return std::unexpected(w.error());
+      ino = w->node ? w->node->ino : 0;
+      return {};
+    });
+    return ok ? ino : -1;
+  }
+
+  testing::TempDir dir_{"agentvfs-dircache"};
+  std::unique_ptr<Engine> engine_;
+};
+
+TEST_F(DirCacheEngineTest, AWriteThatRolledBackLeavesNothingCached) {
+  // The walk inside the failed transaction cached /x, whose inode number
+  // the next transaction gives out again.
+  int64_t x = 0;
+  auto failed = engine_->Write(Durability::kProcess, [&](Txn& txn) -> vfs::Status {
+    auto made = MakeDir(txn, "x");
+    if (!made) return std::unexpected(made.error());
+    x = made->ino;
+    auto w = Walk(txn, "/x/y", true);
+    if (!w) return std::unexpected(w.error());
+    return vfs::Fail(EIO, "the transaction fails after its walk");
+  });
+  ASSERT_ERRNO(failed, EIO);
+  int64_t w = 0;
+  ASSERT_OK(engine_->Write(Durability::kProcess, [&](Txn& txn) -> vfs::Status {
+    auto made = MakeDir(txn, "w");
+    if (!made) return std::unexpected(made.error());
+    w = made->ino;
+    return {};
+  }));
+  ASSERT_EQ(w, x) << "the inode number was given out again";
+  EXPECT_EQ(InoOf("/x/y"), -1) << "/x does not exist: ENOENT";
+  EXPECT_EQ(InoOf("/w/y"), 0);
+}
+
+TEST_F(DirCacheEngineTest, ADirectoryMovedBySomeOtherProgramIsNotFoundAtItsOldPath) {
+  ASSERT_OK(engine_->Write(Durability::kProcess, [&](Txn& txn) -> vfs::Status {
+    auto a = MakeDir(txn, "a");
+    if (!a) return std::unexpected(a.error());
+    auto f = CreateNode(txn, *a, "f", S_IFREG, 0644, 0, 0, "", NowNs());
+    if (!f) return std::unexpected(f.error());
+    return {};
+  }));
+  int64_t f = InoOf("/a/f");
+  ASSERT_GT(f, 0);  // /a is cached now
+  // Another program (the sqlite3 shell, an older tool) renames /a to /b
+  // with plain SQL: the schema's triggers still bump the generation.
+  sqlite3* db = nullptr;
+  ASSERT_EQ(sqlite3_open(dir_.Sub("s.db").c_str(), &db), SQLITE_OK);
+  ASSERT_EQ(sqlite3_exec(db,
+                         "UPDATE dentries SET name = 'b' WHERE parent = 1 AND "
+                         "name = 'a'",
+                         nullptr, nullptr, nullptr),
+            SQLITE_OK);
+  sqlite3_close(db);
+  EXPECT_EQ(InoOf("/a/f"), -1);
+  EXPECT_EQ(InoOf("/b/f"), f);
 }
 
 // Runs on each engine (PostgreSQL keeps no cache; the behaviour must be the
