@@ -216,6 +216,8 @@ class Connection final : public Txn {
 
   DirCache* dir_cache() override { return dir_cache_; }
   void SetDirCache(DirCache* cache) { dir_cache_ = cache; }
+  // Refuses statements that would write (a read transaction's callback).
+  void SetReadOnly(bool on) { read_only_ = on; }
 
   vfs::Status Run(std::string_view sql) {
     char* err = nullptr;
@@ -292,6 +294,9 @@ class Connection final : public Txn {
       }
       cache_.emplace(std::move(key), stmt);
     }
+    if (read_only_ && !sqlite3_stmt_readonly(stmt)) {
+      return vfs::Fail(EROFS, "store: a write in a read transaction");
+    }
     sqlite3_reset(stmt);
     sqlite3_clear_bindings(stmt);
     for (size_t i = 0; i < params.size(); ++i) {
@@ -355,6 +360,7 @@ class Connection final : public Txn {
   sqlite3* db_;
   std::map<std::string, sqlite3_stmt*, std::less<>> cache_;
   DirCache* dir_cache_ = nullptr;  // the engine's
+  bool read_only_ = false;
 };
 
 class SqliteEngine final : public Engine {
@@ -458,12 +464,11 @@ class SqliteEngine final : public Engine {
       if (w.owns_lock()) {
         HoldingWriter holding(*this);
         // Read-only like the pool's connections: a callback that wrote
-        // would fail instead of committing.
-        if (auto ok = writer_->Control("PRAGMA query_only=1"); !ok) return ok;
+        // would fail instead of committing. (Not PRAGMA query_only: setting
+        // it expires every prepared statement of the connection.)
+        writer_->SetReadOnly(true);
         vfs::Status result = ReadOn(*writer_, fn);
-        if (auto ok = writer_->Control("PRAGMA query_only=0"); !ok) {
-          return ok;
-        }
+        writer_->SetReadOnly(false);
         return result;
       }
     }

@@ -115,5 +115,32 @@ TEST(EngineTest, AFailedTransactionLeavesNothing) {
   EXPECT_EQ(n, 0);
 }
 
+// A read transaction may run on the writer's connection; a callback that
+// writes there is refused, and nothing of it is committed.
+TEST(EngineTest, AWriteInAReadTransactionIsRefused) {
+  TempDir dir("agentvfs-engine");
+  ASSERT_OK_AND_ASSIGN(auto e, Engine::Open(dir.Sub("s.db"), true));
+  auto wrote = e->Read([](Txn& t) -> vfs::Status {
+    auto r = t.Exec("INSERT INTO meta(key, value) VALUES('sneaky', 'x')");
+    if (!r) return std::unexpected(r.error());
+    return {};
+  });
+  EXPECT_ERRNO(wrote, EROFS);
+  int64_t rows = -1;
+  ASSERT_OK(e->Read([&](Txn& t) -> vfs::Status {
+    auto r = t.Query("SELECT COUNT(*) FROM meta WHERE key = 'sneaky'");
+    if (!r) return std::unexpected(r.error());
+    rows = AsInt((*r)[0][0]);
+    return {};
+  }));
+  EXPECT_EQ(rows, 0);
+  // The connection is usable for writes afterwards.
+  ASSERT_OK(e->Write(Durability::kProcess, [](Txn& t) -> vfs::Status {
+    auto r = t.Exec("INSERT INTO meta(key, value) VALUES('after', 'ok')");
+    if (!r) return std::unexpected(r.error());
+    return {};
+  }));
+}
+
 }  // namespace
 }  // namespace agentvfs::store
