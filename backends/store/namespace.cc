@@ -291,11 +291,12 @@ vfs::Result<Walked> WalkWith(Txn& txn, const std::string& path,
     if (!child) return std::unexpected(child.error());
     if (!*child) {
       if (!last) return vfs::Fail(ENOENT, "no such directory");
-      remember(JoinPath(names, names.size()), dir.ino);
+      std::string dir_path = JoinPath(names, names.size());
+      remember(dir_path, dir.ino);
       out.parent = dir;
       out.name = comp;
       out.node.reset();
-      out.path = JoinPath(names, names.size()) + "/" + comp;
+      out.path = dir_path + "/" + comp;
       return out;
     }
     if ((*child)->IsLink() && (!last || follow_last)) {
@@ -323,11 +324,12 @@ vfs::Result<Walked> WalkWith(Txn& txn, const std::string& path,
       continue;
     }
     if (last) {
-      remember(JoinPath(names, names.size()), dir.ino);
+      std::string dir_path = JoinPath(names, names.size());
+      remember(dir_path, dir.ino);
       out.parent = dir;
       out.name = comp;
       out.node = std::move(*child);
-      out.path = JoinPath(names, names.size()) + "/" + comp;
+      out.path = dir_path + "/" + comp;
       if (out.node->IsDir()) remember(out.path, out.node->ino);
       return out;
     }
@@ -348,13 +350,15 @@ vfs::Result<Walked> WalkWith(Txn& txn, const std::string& path,
 
 }  // namespace
 
+void DirCache::ResetLocked(int64_t gen) {
+  inos_.clear();
+  paths_.clear();
+  gen_ = gen;
+}
+
 bool DirCache::SyncLocked(int64_t gen) {
   if (gen < gen_) return false;
-  if (gen > gen_ || inos_.size() >= kMaxEntries) {
-    inos_.clear();
-    paths_.clear();
-    gen_ = gen;
-  }
+  if (gen > gen_ || inos_.size() >= kMaxEntries) ResetLocked(gen);
   return true;
 }
 
@@ -376,9 +380,7 @@ std::optional<std::string> DirCache::PathOf(int64_t gen, int64_t ino) {
 
 void DirCache::Clear() {
   std::lock_guard lock(mu_);
-  inos_.clear();
-  paths_.clear();
-  gen_ = -1;
+  ResetLocked(-1);
 }
 
 void DirCache::Put(int64_t gen, const std::string& path, int64_t ino) {
@@ -467,8 +469,6 @@ vfs::Status RecordChange(Txn& txn, const std::string& path,
 
 namespace {
 
-vfs::Result<std::string> DirPathUncached(Txn& txn, int64_t dir);
-
 // DirPath one entry at a time, for engines where a statement is cheap.
 vfs::Result<std::string> DirPathStepwise(Txn& txn, int64_t dir,
                                          int max_depth) {
@@ -491,23 +491,6 @@ vfs::Result<std::string> DirPathStepwise(Txn& txn, int64_t dir,
   for (auto it = names.rbegin(); it != names.rend(); ++it) path += "/" + *it;
   return path;
 }
-
-}  // namespace
-
-vfs::Result<std::string> DirPath(Txn& txn, int64_t dir) {
-  if (dir == kRootIno) return std::string("/");
-  if (DirCache* cache = txn.dir_cache()) {
-    auto gen = DirGeneration(txn);
-    if (!gen) return std::unexpected(gen.error());
-    if (auto hit = cache->PathOf(*gen, dir)) return *hit;
-    auto path = DirPathUncached(txn, dir);
-    if (path && !path->empty()) cache->Put(*gen, *path, dir);
-    return path;
-  }
-  return DirPathUncached(txn, dir);
-}
-
-namespace {
 
 vfs::Result<std::string> DirPathUncached(Txn& txn, int64_t dir) {
   // A directory has one entry; its ancestors, from `dir` up to a child of
@@ -542,6 +525,20 @@ vfs::Result<std::string> DirPathUncached(Txn& txn, int64_t dir) {
 }
 
 }  // namespace
+
+vfs::Result<std::string> DirPath(Txn& txn, int64_t dir) {
+  if (dir == kRootIno) return std::string("/");
+  if (DirCache* cache = txn.dir_cache()) {
+    auto gen = DirGeneration(txn);
+    if (!gen) return std::unexpected(gen.error());
+    if (auto hit = cache->PathOf(*gen, dir)) return *hit;
+    auto path = DirPathUncached(txn, dir);
+    if (path && !path->empty()) cache->Put(*gen, *path, dir);
+    return path;
+  }
+  return DirPathUncached(txn, dir);
+}
+
 
 vfs::Result<std::string> AnyPath(Txn& txn, int64_t ino) {
   if (ino == kRootIno) return std::string("/");

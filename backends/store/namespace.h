@@ -71,6 +71,8 @@ class DirCache {
   // Drops entries of an older generation; false when `gen` is older than
   // the entries (a transaction on an older snapshot: neither use nor fill).
   bool SyncLocked(int64_t gen);
+  // Empties the cache for generation `gen` (-1: none yet).
+  void ResetLocked(int64_t gen);
 
   static constexpr size_t kMaxEntries = 16384;
   std::mutex mu_;  // guards everything below

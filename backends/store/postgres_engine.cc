@@ -626,14 +626,17 @@ class PostgresEngine final : public Engine {
     // database holds a snapshot; and since one may start in between, the
     // content table's rewrite reports what it kept (VACUUM VERBOSE: "N dead
     // row versions cannot be removed yet") and is repeated, at most 20
-    // times, a quarter of a second apart. CHECKPOINT needs the pg_checkpoint role (or superuser):
-    // without it the server's own next checkpoint does the same.
+    // times, a quarter of a second apart. CHECKPOINT needs the
+    // pg_checkpoint role (or superuser): without it the server's own next
+    // checkpoint does the same.
     if (auto ok = writer_.Run("VACUUM FULL chunks, contents, versions"); !ok) {
       return ok;
     }
     bool clean = false;
     for (int attempt = 0; attempt < 20 && !clean; ++attempt) {
-      if (attempt > 0) std::this_thread::sleep_for(std::chrono::milliseconds(250));
+      if (attempt > 0) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(250));
+      }
       for (int wait = 0; wait < 100; ++wait) {
         auto busy = writer_.Query(
             "SELECT COUNT(*) FROM pg_stat_activity WHERE datname = "
@@ -695,7 +698,6 @@ class PostgresEngine final : public Engine {
   }
 
  private:
-
   // Starts a transaction on `c`, reconnecting first when the server dropped
   // the connection (a restart): nothing of this transaction ran yet, so it
   // is safe to try again, for up to kReconnectFor.

@@ -34,10 +34,6 @@ std::string DatabaseOf(const std::string& uri) {
                                    : end - start - 3);
 }
 
-}  // namespace
-
-namespace {
-
 // A new database `name` on the server of maintenance URI `base` (bytes for
 // names, byte order for listings); its URI.
 vfs::Result<std::string> CreateDatabaseOn(const std::string& base,
