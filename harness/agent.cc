@@ -234,7 +234,8 @@ bool Agent::WaitForApproval(const std::string& call_id,
   auto asked = log_.Append(session_.id, "approval_requested",
                            {{"id", call_id}, {"summary", summary}});
   if (!asked) return false;
-  const int64_t asked_seq = *asked;
+  // Any answer for this call counts, also one given while an earlier run of
+  // the session waited for it (call ids are unique to one model call).
   session_.state = "waiting";
   (void)log_.Update(session_);
   Progress("[" + std::to_string(session_.steps) + "] waiting for approval of " +

@@ -181,9 +181,10 @@ TEST_F(RunCliTest, AHarnessKilledDuringACallResumesWithoutRunningItTwice) {
   for (const auto& name :
        testing::ListDir("/proc").value_or(std::vector<std::string>{})) {
     auto cmdline = testing::ReadFile("/proc/" + name + "/cmdline");
-    if (atoi(name.c_str()) > 0 && cmdline)
+    if (atoi(name.c_str()) > 0 && cmdline) {
       EXPECT_EQ(cmdline->find("/workspace/finished"), std::string::npos)
           << "process " << name << " outlived its harness";
+    }
   }
   auto reqs = api.Requests();
   ASSERT_EQ(reqs.size(), 2u);

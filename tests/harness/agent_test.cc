@@ -246,7 +246,9 @@ TEST_F(AgentTest, TokenTimeAndCostBudgetsStopTheSessionToo) {
     // Stopped before the second call (the time budget may run out before
     // the first).
     EXPECT_LE(api.Requests().size(), 1u);
-    if (std::string(k.name) != "time") EXPECT_EQ(api.Requests().size(), 1u);
+    if (std::string(k.name) != "time") {
+      EXPECT_EQ(api.Requests().size(), 1u);
+    }
   }
 }
 

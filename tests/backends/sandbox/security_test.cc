@@ -174,8 +174,9 @@ TEST_P(SecurityTest, IsStopped) {
   // and no token in the environment of the sandbox's first process.
   for (const char* name : {"suid", "suid2"}) {
     struct stat st;
-    if (stat((workspace_ + "/" + name).c_str(), &st) == 0)
+    if (stat((workspace_ + "/" + name).c_str(), &st) == 0) {
       EXPECT_EQ(st.st_mode & 06000, 0u) << name;
+    }
   }
   std::string environ = ReadHostFile(
       "/proc/" + std::to_string(sandbox_->init_pid()) + "/environ");

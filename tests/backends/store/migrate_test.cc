@@ -11,6 +11,7 @@
 #include "backends/store/auth.h"
 #include "backends/store/migrate.h"
 #include "backends/store/store.h"
+#include "tests/backends/store/process_test_util.h"
 #include "tests/support/mount_fixture.h"
 #include "tests/support/pg_server.h"
 #include "tests/support/result_matchers.h"
@@ -22,7 +23,7 @@ namespace {
 using testing::StoreEngine;
 using testing::StoreFixture;
 
-vfs::Path P(const std::string& p) { return *vfs::Path::Parse(p); }
+using test_util::P;
 
 vfs::Status Put(StoreBackend& b, const vfs::Caller& c, const std::string& path,
                 const std::string& data) {

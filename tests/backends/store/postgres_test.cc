@@ -15,6 +15,7 @@
 #include "backends/store/admin.h"
 #include "backends/store/postgres_engine.h"
 #include "backends/store/store.h"
+#include "tests/backends/store/process_test_util.h"
 #include "tests/support/pg_server.h"
 #include "tests/support/result_matchers.h"
 #include "tests/support/store_fixture.h"
@@ -25,7 +26,7 @@ namespace {
 using testing::StoreEngine;
 using testing::StoreFixture;
 
-vfs::Path P(const std::string& p) { return *vfs::Path::Parse(p); }
+using test_util::P;
 
 class RecordingListener final : public vfs::ChangeListener {
  public:
@@ -53,7 +54,7 @@ class RecordingListener final : public vfs::ChangeListener {
   std::vector<std::string> paths_;
 };
 
-vfs::Status Put(StoreBackend& b, const vfs::Caller& c, const std::string& path,
+vfs::Status CommitFile(StoreBackend& b, const vfs::Caller& c, const std::string& path,
                 const std::string& data) {
   auto f = b.Open(c, P(path), O_WRONLY | O_CREAT | O_TRUNC, 0644);
   if (!f) return std::unexpected(f.error());
@@ -65,7 +66,7 @@ vfs::Status Put(StoreBackend& b, const vfs::Caller& c, const std::string& path,
   return (*f)->Flush();
 }
 
-vfs::Result<std::string> Get(StoreBackend& b, const vfs::Caller& c,
+vfs::Result<std::string> ReadBack(StoreBackend& b, const vfs::Caller& c,
                              const std::string& path) {
   auto f = b.Open(c, P(path), O_RDONLY, 0);
   if (!f) return std::unexpected(f.error());
@@ -97,7 +98,7 @@ TEST(PostgresEngineTest, ACommitWakesAnotherProcessListenerWithoutPolling) {
   vfs::Caller dev = fx->CallerFor("dev");
   for (int i = 0; i < 3; ++i) {
     std::string path = "/memories/users/dev/n" + std::to_string(i) + ".md";
-    ASSERT_OK(Put(*writer, dev, path, "note " + std::to_string(i) + "\n"));
+    ASSERT_OK(CommitFile(*writer, dev, path, "note " + std::to_string(i) + "\n"));
     double t = listener.WaitFor(path, std::chrono::seconds(3));
     ASSERT_GE(t, 0) << "no change hint for " << path;
     std::printf("change hint for %s after %.3f s\n", path.c_str(), t);
@@ -149,7 +150,7 @@ TEST(PostgresEngineTest, ServerRestartsDuringAWriteLoopLoseNoAcknowledgedCommit)
       for (int i = 0; !stop; ++i) {
         std::string path =
             "/memories/org/w" + std::to_string(w) + "-" + std::to_string(i);
-        auto ok = Put(**backend, c, path, content(w, i));
+        auto ok = CommitFile(**backend, c, path, content(w, i));
         outcomes[w].acked[i] = ok.has_value();
         if (!ok) {
           ++outcomes[w].failures;
@@ -190,7 +191,7 @@ TEST(PostgresEngineTest, ServerRestartsDuringAWriteLoopLoseNoAcknowledgedCommit)
     for (const auto& [i, ok] : outcomes[w].acked) {
       std::string path =
           "/memories/org/w" + std::to_string(w) + "-" + std::to_string(i);
-      auto got = Get(**backend, reader, path);
+      auto got = ReadBack(**backend, reader, path);
       std::string want = content(w, i);
       if (ok) {
         ++acked;
