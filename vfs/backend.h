@@ -51,6 +51,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -89,6 +90,10 @@ class FileHandle {
   // returns the count written. EBADF if not opened for writing.
   virtual Result<size_t> Write(const void* buf, size_t size, off_t offset) = 0;
   virtual Result<Attr> Stat() = 0;
+  // The attributes the file had when this handle opened it, when the backend
+  // has them at hand (a store file the open created), for a frontend's reply
+  // to a create; nullopt means: call Stat().
+  virtual std::optional<Attr> AttrsAtOpen() const { return std::nullopt; }
   virtual Status Truncate(off_t size) = 0;
   // Makes written data durable (data only when `datasync`).
   virtual Status Sync(bool datasync) = 0;

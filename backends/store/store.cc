@@ -20,6 +20,7 @@
 #include <fstream>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <sstream>
 #include <thread>
 
@@ -875,6 +876,11 @@ class StoreFile final : public vfs::FileHandle {
     return n;
   }
 
+  void SetAttrsAtOpen(const vfs::Attr& st) { attrs_at_open_ = st; }
+  std::optional<vfs::Attr> AttrsAtOpen() const override {
+    return attrs_at_open_;
+  }
+
   Result<vfs::Attr> Stat() override {
     vfs::Attr st{};
     bool found = false;
@@ -1078,6 +1084,8 @@ class StoreFile final : public vfs::FileHandle {
   int64_t size_;
   int64_t version_;
   std::vector<std::pair<int64_t, int64_t>> blobs_;  // (blob id, size)
+  // What the creating transaction wrote, when this handle made the file.
+  std::optional<vfs::Attr> attrs_at_open_;
 };
 
 }  // namespace
@@ -1301,9 +1309,13 @@ Result<std::unique_ptr<vfs::FileHandle>> StoreBackend::Open(const Caller& c,
   }
   impl_->SetSeen(c.session, inode.ino, node->base_version);
   lock.unlock();
-  return std::unique_ptr<vfs::FileHandle>(
-      new StoreFile(*impl_, c, std::move(node), flags, true, inode.content,
-                    inode.size, inode.version));
+  auto file = std::make_unique<StoreFile>(*impl_, c, std::move(node), flags,
+                                          true, inode.content, inode.size,
+                                          inode.version);
+  // A frontend's create reply wants the new file's attributes at once: the
+  // ones the creating transaction wrote spare it a read transaction.
+  if (created) file->SetAttrsAtOpen(inode.ToAttr());
+  return file;
 }
 
 Status StoreBackend::Mkdir(const Caller& c, const Path& path, mode_t mode) {

@@ -968,7 +968,8 @@ void OpCreate(fuse_req_t req, fuse_ino_t parent, const char* name, mode_t mode,
     int flags = BackendFlags(*self, fi->flags, fi) | O_CREAT;
     auto h = self->backend_.Open(c, *path, flags, mode & 07777);
     if (!h) return self->ReplyError(req, h.error());
-    auto st = (*h)->Stat();
+    auto known = (*h)->AttrsAtOpen();
+    Result<Attr> st = known ? Result<Attr>(*known) : (*h)->Stat();
     if (!st) return self->ReplyError(req, st.error());
     fuse_entry_param e{};
     e.ino = self->Remember(parent, name, *st);
