@@ -224,6 +224,8 @@ vfs::Error FromPg(PGconn* conn, const PGresult* r, std::string_view what) {
     msg += " (the store stayed locked by another writer; try again)";
   } else if (state == "53100") {
     code = ENOSPC;
+    msg += " (no space left on the PostgreSQL server's disk; nothing of this "
+           "change was kept: free some space there, then write again)";
   } else if (state == "53200") {
     code = ENOMEM;
   } else if (state == "42501" || state.starts_with("28")) {

@@ -178,6 +178,8 @@ vfs::Error FromSqlite(sqlite3* db, int rc, std::string_view what) {
     msg += " (the store stayed locked by another process; try again)";
   } else if (primary == SQLITE_FULL) {
     code = ENOSPC;
+    msg += " (no space left on the store's filesystem; nothing of this "
+           "change was kept: free some space, then write again)";
   } else if (primary == SQLITE_READONLY || primary == SQLITE_PERM ||
              primary == SQLITE_CANTOPEN) {
     code = EACCES;

@@ -220,7 +220,7 @@ class Draft {
                          off + static_cast<int64_t>(done));
       if (n < 0) {
         if (errno == EINTR) continue;
-        return std::unexpected(vfs::FromErrno(errno, "write", ""));
+        return std::unexpected(DraftError(errno, "write"));
       }
       done += static_cast<size_t>(n);
     }
@@ -234,7 +234,7 @@ class Draft {
       return {};
     }
     if (ftruncate(fd_, size) != 0) {
-      return std::unexpected(vfs::FromErrno(errno, "truncate", ""));
+      return std::unexpected(DraftError(errno, "truncate"));
     }
     return {};
   }
@@ -249,6 +249,17 @@ class Draft {
   }
 
  private:
+  // A failed write or truncate of the draft's host file; a full disk says
+  // where space is needed.
+  vfs::Error DraftError(int err, std::string_view op) const {
+    vfs::Error e = vfs::FromErrno(err, op, "");
+    if (err == ENOSPC || err == EDQUOT) {
+      e.message += " (the draft of this file lives in " + dir_ +
+                   "; free some space there, then write again)";
+    }
+    return e;
+  }
+
   Status Spill() {
     int fd = open(dir_.c_str(), O_TMPFILE | O_RDWR | O_CLOEXEC, 0600);
     if (fd < 0) {
