@@ -114,7 +114,7 @@ std::optional<std::pair<std::string, vfs::Error>> WriteAndCommit(
   return std::nullopt;
 }
 
-std::string ReadBack(StoreBackend& b, const vfs::Caller& c,
+std::string ReadWhole(StoreBackend& b, const vfs::Caller& c,
                      const std::string& path) {
   auto f = b.Open(c, StorePath(path), O_RDONLY, 0);
   if (!f) return "<" + f.error().ToString() + ">";
@@ -236,8 +236,8 @@ Problems FillTheDisk(const std::string& dir) {
   vfs::Caller c2 = c;
   c2.session = "disk-full-reader";
   for (const auto& [path, data] : acknowledged) {
-    if (ReadBack(b, c, path) != data) fail(path + " differs after the failure");
-    if (ReadBack(**second, c2, path) != data)
+    if (ReadWhole(b, c, path) != data) fail(path + " differs after the failure");
+    if (ReadWhole(**second, c2, path) != data)
       fail(path + " differs in a new backend");
   }
   if (auto check = IntegrityCheck(db); check != "ok")
@@ -249,7 +249,7 @@ Problems FillTheDisk(const std::string& dir) {
   if (auto r = WriteAndCommit(b, c, failed_path, again); r) {
     fail("after freeing space, " + r->first + " of " + failed_path +
          " still fails: " + r->second.ToString());
-  } else if (ReadBack(**second, c2, failed_path) != again) {
+  } else if (ReadWhole(**second, c2, failed_path) != again) {
     fail(failed_path + " reads back wrong after the retry");
   }
   if (auto r = WriteAndCommit(b, c, "/memories/users/dev/after", "later");
@@ -258,7 +258,7 @@ Problems FillTheDisk(const std::string& dir) {
          r->second.ToString());
   }
   for (const auto& [path, data] : acknowledged) {
-    if (ReadBack(b, c, path) != data)
+    if (ReadWhole(b, c, path) != data)
       fail(path + " differs after space came back");
   }
   if (auto check = IntegrityCheck(db); check != "ok")
