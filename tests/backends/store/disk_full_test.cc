@@ -13,6 +13,8 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <chrono>
+#include <csignal>
 #include <cstdio>
 #include <cstring>
 #include <functional>
@@ -24,28 +26,34 @@
 #include "backends/store/auth.h"
 #include "backends/store/engine.h"
 #include "backends/store/store.h"
+#include "tests/backends/store/process_test_util.h"
 #include "tests/support/mount_fixture.h"
 
 namespace agentvfs::store {
 namespace {
 
 using Problems = std::vector<std::string>;
+using test_util::P;
 
 // Runs `scenario` in a child process with a private mount namespace in which
 // a tmpfs of `size` (mount(8) syntax) covers `dir`. Returns the problems the
 // child reported, or why it could not run.
-Problems InSmallTmpfs(const std::string& dir, const std::string& size,
-                      const std::function<Problems(const std::string&)>& scenario) {
+Problems InSmallTmpfs(
+    const std::string& dir, const std::string& size,
+    const std::function<Problems(const std::string&)>& scenario) {
   int pipefd[2];
-  if (pipe2(pipefd, O_CLOEXEC) != 0) return {"pipe: " + std::string(strerror(errno))};
+  if (pipe2(pipefd, O_CLOEXEC) != 0)
+    return {"pipe: " + std::string(strerror(errno))};
   pid_t pid = fork();
   if (pid < 0) return {"fork: " + std::string(strerror(errno))};
   if (pid == 0) {
     close(pipefd[0]);
     Problems problems;
     if (unshare(CLONE_NEWNS) != 0) {
-      problems.push_back("unshare(CLONE_NEWNS): " + std::string(strerror(errno)));
-    } else if (mount(nullptr, "/", nullptr, MS_REC | MS_PRIVATE, nullptr) != 0) {
+      problems.push_back("unshare(CLONE_NEWNS): " +
+                         std::string(strerror(errno)));
+    } else if (mount(nullptr, "/", nullptr, MS_REC | MS_PRIVATE, nullptr) !=
+               0) {
       problems.push_back("make / private: " + std::string(strerror(errno)));
     } else if (mount("tmpfs", dir.c_str(), "tmpfs", MS_NOSUID | MS_NODEV,
                      ("size=" + size + ",mode=0700").c_str()) != 0) {
@@ -64,20 +72,17 @@ Problems InSmallTmpfs(const std::string& dir, const std::string& size,
     _exit(problems.empty() ? 0 : 1);
   }
   close(pipefd[1]);
-  std::string out;
-  char buf[4096];
-  ssize_t n;
-  while ((n = read(pipefd[0], buf, sizeof buf)) > 0 || (n < 0 && errno == EINTR)) {
-    if (n > 0) out.append(buf, static_cast<size_t>(n));
-  }
+  bool timed_out = false;
+  std::string out =
+      test_util::ReadUntilEof({pipefd[0]}, std::chrono::minutes(2), &timed_out)
+          .front();
   close(pipefd[0]);
+  if (timed_out) kill(pid, SIGKILL);
   int status = 0;
   while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {
   }
-  Problems problems;
-  size_t start = 0;
-  for (size_t nl; (nl = out.find('\n', start)) != std::string::npos; start = nl + 1)
-    problems.push_back(out.substr(start, nl - start));
+  Problems problems = test_util::SplitLines(out);
+  if (timed_out) problems.push_back("the child did not finish in 2 minutes");
   if (!WIFEXITED(status)) {
     problems.push_back("the child died with signal " +
                        std::to_string(WTERMSIG(status)));
@@ -95,14 +100,12 @@ std::string RandomContent(size_t size, uint32_t seed) {
   return s;
 }
 
-vfs::Path StorePath(const std::string& text) { return *vfs::Path::Parse(text); }
-
 // Open, write `data` in 64 KiB pieces, flush: the first error, with the step
 // that gave it.
 std::optional<std::pair<std::string, vfs::Error>> WriteAndCommit(
     StoreBackend& b, const vfs::Caller& c, const std::string& path,
     const std::string& data) {
-  auto f = b.Open(c, StorePath(path), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  auto f = b.Open(c, P(path), O_WRONLY | O_CREAT | O_TRUNC, 0644);
   if (!f) return std::make_pair(std::string("open"), f.error());
   for (size_t off = 0; off < data.size(); off += 64 << 10) {
     size_t n = std::min<size_t>(64 << 10, data.size() - off);
@@ -112,22 +115,6 @@ std::optional<std::pair<std::string, vfs::Error>> WriteAndCommit(
   if (auto ok = (*f)->Flush(); !ok)
     return std::make_pair(std::string("close"), ok.error());
   return std::nullopt;
-}
-
-std::string ReadWhole(StoreBackend& b, const vfs::Caller& c,
-                     const std::string& path) {
-  auto f = b.Open(c, StorePath(path), O_RDONLY, 0);
-  if (!f) return "<" + f.error().ToString() + ">";
-  std::string out, buf(1 << 20, '\0');
-  off_t off = 0;
-  while (true) {
-    auto n = (*f)->Read(buf.data(), buf.size(), off);
-    if (!n) return "<" + n.error().ToString() + ">";
-    if (*n == 0) break;
-    out.append(buf.data(), *n);
-    off += static_cast<off_t>(*n);
-  }
-  return out;
 }
 
 std::string IntegrityCheck(const std::string& db_path) {
@@ -152,6 +139,10 @@ std::string IntegrityCheck(const std::string& db_path) {
 Problems FillTheDisk(const std::string& dir) {
   Problems problems;
   auto fail = [&](const std::string& what) { problems.push_back(what); };
+  auto content_of = [](StoreBackend& b, const vfs::Caller& c,
+                       const std::string& path) {
+    return test_util::ReadPath(b, c, path).value_or("<unreadable>");
+  };
   const std::string db = dir + "/store.db";
   auto admin = InitStore(db, "admin");
   if (!admin) return {"init: " + admin.error().ToString()};
@@ -165,8 +156,8 @@ Problems FillTheDisk(const std::string& dir) {
   }
   // Space to give back later, in two steps (tmpfs holds written pages).
   const std::string filler = dir + "/filler", small_filler = dir + "/filler2";
-  for (auto [path, size] : {std::pair{filler, 1 << 20},
-                            std::pair{small_filler, 512 << 10}}) {
+  for (auto [path, size] :
+       {std::pair{filler, 1 << 20}, std::pair{small_filler, 512 << 10}}) {
     std::string bytes = RandomContent(static_cast<size_t>(size), 7);
     int fd = open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
     if (fd < 0 || write(fd, bytes.data(), bytes.size()) !=
@@ -202,8 +193,8 @@ Problems FillTheDisk(const std::string& dir) {
   }
   if (!failure) return {"200 files of 192 KiB fit in the small filesystem"};
   std::fprintf(stderr, "%zu files fitted; then %s of %s: %s\n",
-               acknowledged.size(), failure->first.c_str(),
-               failed_path.c_str(), failure->second.ToString().c_str());
+               acknowledged.size(), failure->first.c_str(), failed_path.c_str(),
+               failure->second.ToString().c_str());
   if (acknowledged.empty()) fail("not even the first file fitted");
   const vfs::Error& e = failure->second;
   if (e.code != ENOSPC) {
@@ -236,8 +227,9 @@ Problems FillTheDisk(const std::string& dir) {
   vfs::Caller c2 = c;
   c2.session = "disk-full-reader";
   for (const auto& [path, data] : acknowledged) {
-    if (ReadWhole(b, c, path) != data) fail(path + " differs after the failure");
-    if (ReadWhole(**second, c2, path) != data)
+    if (content_of(b, c, path) != data)
+      fail(path + " differs after the failure");
+    if (content_of(**second, c2, path) != data)
       fail(path + " differs in a new backend");
   }
   if (auto check = IntegrityCheck(db); check != "ok")
@@ -249,16 +241,15 @@ Problems FillTheDisk(const std::string& dir) {
   if (auto r = WriteAndCommit(b, c, failed_path, again); r) {
     fail("after freeing space, " + r->first + " of " + failed_path +
          " still fails: " + r->second.ToString());
-  } else if (ReadWhole(**second, c2, failed_path) != again) {
+  } else if (content_of(**second, c2, failed_path) != again) {
     fail(failed_path + " reads back wrong after the retry");
   }
-  if (auto r = WriteAndCommit(b, c, "/memories/users/dev/after", "later");
-      r) {
+  if (auto r = WriteAndCommit(b, c, "/memories/users/dev/after", "later"); r) {
     fail("after freeing space, a new file fails at " + r->first + ": " +
          r->second.ToString());
   }
   for (const auto& [path, data] : acknowledged) {
-    if (ReadWhole(b, c, path) != data)
+    if (content_of(b, c, path) != data)
       fail(path + " differs after space came back");
   }
   if (auto check = IntegrityCheck(db); check != "ok")

@@ -38,8 +38,8 @@ class OpenAttrsTest : public ::testing::TestWithParam<testing::StoreEngine> {
 };
 
 TEST_P(OpenAttrsTest, ACreatingOpenCarriesTheNewFilesAttributes) {
-  auto h = backend_->Open(caller_, UserPath("new"),
-                          O_WRONLY | O_CREAT | O_EXCL, 0640);
+  auto h = backend_->Open(caller_, UserPath("new"), O_WRONLY | O_CREAT | O_EXCL,
+                          0640);
   ASSERT_TRUE(h.has_value()) << h.error().ToString();
   auto at_open = (*h)->AttrsAtOpen();
   ASSERT_TRUE(at_open.has_value());

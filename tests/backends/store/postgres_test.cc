@@ -54,8 +54,8 @@ class RecordingListener final : public vfs::ChangeListener {
   std::vector<std::string> paths_;
 };
 
-vfs::Status CommitFile(StoreBackend& b, const vfs::Caller& c, const std::string& path,
-                const std::string& data) {
+vfs::Status CommitFile(StoreBackend& b, const vfs::Caller& c,
+                       const std::string& path, const std::string& data) {
   auto f = b.Open(c, P(path), O_WRONLY | O_CREAT | O_TRUNC, 0644);
   if (!f) return std::unexpected(f.error());
   for (size_t off = 0; off < data.size(); off += 1 << 20) {
@@ -64,22 +64,6 @@ vfs::Status CommitFile(StoreBackend& b, const vfs::Caller& c, const std::string&
     if (!w) return std::unexpected(w.error());
   }
   return (*f)->Flush();
-}
-
-vfs::Result<std::string> ReadBack(StoreBackend& b, const vfs::Caller& c,
-                             const std::string& path) {
-  auto f = b.Open(c, P(path), O_RDONLY, 0);
-  if (!f) return std::unexpected(f.error());
-  std::string out, buf(1 << 20, '\0');
-  off_t off = 0;
-  while (true) {
-    auto n = (*f)->Read(buf.data(), buf.size(), off);
-    if (!n) return std::unexpected(n.error());
-    if (*n == 0) break;
-    out.append(buf.data(), *n);
-    off += static_cast<off_t>(*n);
-  }
-  return out;
 }
 
 TEST(PostgresEngineTest, ACommitWakesAnotherProcessListenerWithoutPolling) {
@@ -98,7 +82,8 @@ TEST(PostgresEngineTest, ACommitWakesAnotherProcessListenerWithoutPolling) {
   vfs::Caller dev = fx->CallerFor("dev");
   for (int i = 0; i < 3; ++i) {
     std::string path = "/memories/users/dev/n" + std::to_string(i) + ".md";
-    ASSERT_OK(CommitFile(*writer, dev, path, "note " + std::to_string(i) + "\n"));
+    ASSERT_OK(
+        CommitFile(*writer, dev, path, "note " + std::to_string(i) + "\n"));
     double t = listener.WaitFor(path, std::chrono::seconds(3));
     ASSERT_GE(t, 0) << "no change hint for " << path;
     std::printf("change hint for %s after %.3f s\n", path.c_str(), t);
@@ -191,7 +176,7 @@ TEST(PostgresEngineTest, ServerRestartsDuringAWriteLoopLoseNoAcknowledgedCommit)
     for (const auto& [i, ok] : outcomes[w].acked) {
       std::string path =
           "/memories/org/w" + std::to_string(w) + "-" + std::to_string(i);
-      auto got = ReadBack(**backend, reader, path);
+      auto got = test_util::ReadPath(**backend, reader, path);
       std::string want = content(w, i);
       if (ok) {
         ++acked;
