@@ -5,10 +5,10 @@
 #include <unistd.h>
 
 #include <chrono>
-#include <fstream>
-#include <iterator>
 #include <sstream>
 #include <thread>
+
+#include "tests/support/files.h"
 
 namespace agentvfs::testing {
 
@@ -94,10 +94,11 @@ std::vector<std::string> MountsUnder(const std::string& prefix) {
   return found;
 }
 
+// With read(2), not an ifstream: a process that exits while its /proc files
+// are read makes read fail with ESRCH, which libstdc++'s filebuf turns into
+// an exception whatever the stream's exception mask.
 std::string ReadHostFile(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  return std::string((std::istreambuf_iterator<char>(f)),
-                     std::istreambuf_iterator<char>());
+  return ReadFile(path).value_or("");
 }
 
 std::string Marker() {
