@@ -22,6 +22,7 @@
 #include "backends/store/engine.h"
 #include "backends/store/namespace.h"
 #include "backends/store/reader_pool.h"
+#include "backends/store/sqlite_log_vfs.h"
 #include "spdlog/spdlog.h"
 
 namespace agentvfs::store {
@@ -199,7 +200,7 @@ class Connection final : public Txn {
                                                        int flags) {
     sqlite3* db = nullptr;
     int rc = sqlite3_open_v2(path.c_str(), &db, flags | SQLITE_OPEN_NOMUTEX,
-                             nullptr);
+                             LogGatheringVfs());
     auto conn = std::unique_ptr<Connection>(new Connection(db));
     if (rc != SQLITE_OK) {
       return std::unexpected(FromSqlite(db, rc, "cannot open " + path));

@@ -1,0 +1,333 @@
+// The log-gathering VFS (see sqlite_log_vfs.h).
+#include "backends/store/sqlite_log_vfs.h"
+
+#include <sqlite3.h>
+
+#include <atomic>
+#include <cstdlib>
+#include <cstring>
+#include <vector>
+
+#include "spdlog/spdlog.h"
+
+namespace agentvfs::store {
+namespace {
+
+constexpr int kFrameHeaderSize = 24;  // the WAL format's frame header
+
+sqlite3_vfs* g_base = nullptr;  // the default VFS, which does the I/O
+sqlite3_vfs g_vfs;
+std::atomic<uint64_t> g_asked{0};
+std::atomic<uint64_t> g_issued{0};
+
+// Our part of a wrapped file; the default VFS's file follows it.
+struct ShimFile {
+  sqlite3_file base;  // its pMethods: kDbMethods or kLogMethods
+  sqlite3_file* real;
+  ShimFile* peer;  // the database's log file, or the log's database file
+  // Log files only: the gathered bytes, which belong at offset `start`.
+  std::vector<char>* gathered;
+  sqlite3_int64 start;
+  bool commit_frame_next;  // the last write was a commit frame's header
+};
+
+constexpr size_t kShimSize = (sizeof(ShimFile) + 15) & ~size_t{15};
+
+ShimFile* Shim(sqlite3_file* f) { return reinterpret_cast<ShimFile*>(f); }
+sqlite3_file* Real(sqlite3_file* f) { return Shim(f)->real; }
+
+// Hands the gathered bytes to the file. On failure they are dropped: the
+// write that asked for the flush fails, and with it the transaction.
+int Flush(ShimFile* s) {
+  if (s->gathered == nullptr || s->gathered->empty()) return SQLITE_OK;
+  std::vector<char>& g = *s->gathered;
+  g_issued.fetch_add(1, std::memory_order_relaxed);
+  int rc = s->real->pMethods->xWrite(s->real, g.data(),
+                                     static_cast<int>(g.size()), s->start);
+  g.clear();
+  s->commit_frame_next = false;
+  return rc;
+}
+
+// --- methods of both kinds (pass-through) ---------------------------------
+
+int Truncate(sqlite3_file* f, sqlite3_int64 size) {
+  if (int rc = Flush(Shim(f)); rc != SQLITE_OK) return rc;
+  return Real(f)->pMethods->xTruncate(Real(f), size);
+}
+int Sync(sqlite3_file* f, int flags) {
+  if (int rc = Flush(Shim(f)); rc != SQLITE_OK) return rc;
+  return Real(f)->pMethods->xSync(Real(f), flags);
+}
+int FileSize(sqlite3_file* f, sqlite3_int64* size) {
+  if (int rc = Flush(Shim(f)); rc != SQLITE_OK) return rc;
+  return Real(f)->pMethods->xFileSize(Real(f), size);
+}
+int Read(sqlite3_file* f, void* buf, int n, sqlite3_int64 off) {
+  if (int rc = Flush(Shim(f)); rc != SQLITE_OK) return rc;
+  return Real(f)->pMethods->xRead(Real(f), buf, n, off);
+}
+int Lock(sqlite3_file* f, int level) {
+  return Real(f)->pMethods->xLock(Real(f), level);
+}
+int Unlock(sqlite3_file* f, int level) {
+  return Real(f)->pMethods->xUnlock(Real(f), level);
+}
+int CheckReservedLock(sqlite3_file* f, int* out) {
+  return Real(f)->pMethods->xCheckReservedLock(Real(f), out);
+}
+int FileControl(sqlite3_file* f, int op, void* arg) {
+  if (int rc = Flush(Shim(f)); rc != SQLITE_OK) return rc;
+  return Real(f)->pMethods->xFileControl(Real(f), op, arg);
+}
+int SectorSize(sqlite3_file* f) {
+  return Real(f)->pMethods->xSectorSize(Real(f));
+}
+int DeviceCharacteristics(sqlite3_file* f) {
+  return Real(f)->pMethods->xDeviceCharacteristics(Real(f));
+}
+int ShmMap(sqlite3_file* f, int page, int size, int extend, void volatile** p) {
+  return Real(f)->pMethods->xShmMap(Real(f), page, size, extend, p);
+}
+int ShmLock(sqlite3_file* f, int offset, int n, int flags) {
+  return Real(f)->pMethods->xShmLock(Real(f), offset, n, flags);
+}
+int ShmUnmap(sqlite3_file* f, int del) {
+  return Real(f)->pMethods->xShmUnmap(Real(f), del);
+}
+int Fetch(sqlite3_file* f, sqlite3_int64 off, int n, void** p) {
+  return Real(f)->pMethods->xFetch(Real(f), off, n, p);
+}
+int Unfetch(sqlite3_file* f, sqlite3_int64 off, void* p) {
+  return Real(f)->pMethods->xUnfetch(Real(f), off, p);
+}
+
+// --- the database file ----------------------------------------------------
+
+int DbWrite(sqlite3_file* f, const void* buf, int n, sqlite3_int64 off) {
+  return Real(f)->pMethods->xWrite(Real(f), buf, n, off);
+}
+
+// Between a commit's frames and its publication in the WAL index: the
+// frames must be in the log file before any reader can learn of them.
+void DbShmBarrier(sqlite3_file* f) {
+  if (ShimFile* log = Shim(f)->peer; log != nullptr) {
+    if (int rc = Flush(log); rc != SQLITE_OK) {
+      // Publishing now would point readers at frames that are not in the
+      // file. Dying first loses only this unacknowledged commit.
+      if (auto l = spdlog::get("store")) {
+        l->critical(
+            "cannot write the store's log ({}); stopping before "
+            "the commit is published",
+            sqlite3_errstr(rc));
+        l->flush();
+      }
+      std::abort();
+    }
+  }
+  Real(f)->pMethods->xShmBarrier(Real(f));
+}
+
+int DbClose(sqlite3_file* f) {
+  ShimFile* s = Shim(f);
+  if (s->peer != nullptr) s->peer->peer = nullptr;
+  int rc = s->real->pMethods != nullptr ? s->real->pMethods->xClose(s->real)
+                                        : SQLITE_OK;
+  s->base.pMethods = nullptr;
+  return rc;
+}
+
+// --- the log file ---------------------------------------------------------
+
+int LogWrite(sqlite3_file* f, const void* buf, int n, sqlite3_int64 off) {
+  ShimFile* s = Shim(f);
+  g_asked.fetch_add(1, std::memory_order_relaxed);
+  std::vector<char>& g = *s->gathered;
+  if (!g.empty() && (off != s->start + static_cast<sqlite3_int64>(g.size()) ||
+                     g.size() + static_cast<size_t>(n) > kMaxGathered)) {
+    if (int rc = Flush(s); rc != SQLITE_OK) return rc;
+  }
+  if (g.empty()) s->start = off;
+  const char* p = static_cast<const char*>(buf);
+  g.insert(g.end(), p, p + n);
+  if (n == kFrameHeaderSize) {
+    // Bytes 4-7 of a frame header: the database size after a commit, zero
+    // in the other frames. The frame's page is the next write.
+    const auto* h = static_cast<const unsigned char*>(buf);
+    s->commit_frame_next = (h[4] | h[5] | h[6] | h[7]) != 0;
+    return SQLITE_OK;
+  }
+  if (s->commit_frame_next) return Flush(s);
+  return SQLITE_OK;
+}
+
+int LogClose(sqlite3_file* f) {
+  ShimFile* s = Shim(f);
+  int rc = Flush(s);
+  if (s->peer != nullptr) s->peer->peer = nullptr;
+  int closed = s->real->pMethods != nullptr ? s->real->pMethods->xClose(s->real)
+                                            : SQLITE_OK;
+  delete s->gathered;
+  s->gathered = nullptr;
+  s->base.pMethods = nullptr;
+  return rc != SQLITE_OK ? rc : closed;
+}
+
+constexpr sqlite3_io_methods kDbMethods = {
+    3,
+    DbClose,
+    Read,
+    DbWrite,
+    Truncate,
+    Sync,
+    FileSize,
+    Lock,
+    Unlock,
+    CheckReservedLock,
+    FileControl,
+    SectorSize,
+    DeviceCharacteristics,
+    ShmMap,
+    ShmLock,
+    DbShmBarrier,
+    ShmUnmap,
+    Fetch,
+    Unfetch,
+};
+
+void LogShmBarrier(sqlite3_file* f) { Real(f)->pMethods->xShmBarrier(Real(f)); }
+
+constexpr sqlite3_io_methods kLogMethods = {
+    3,
+    LogClose,
+    Read,
+    LogWrite,
+    Truncate,
+    Sync,
+    FileSize,
+    Lock,
+    Unlock,
+    CheckReservedLock,
+    FileControl,
+    SectorSize,
+    DeviceCharacteristics,
+    ShmMap,
+    ShmLock,
+    LogShmBarrier,
+    ShmUnmap,
+    Fetch,
+    Unfetch,
+};
+
+// --- the VFS --------------------------------------------------------------
+
+int Open(sqlite3_vfs*, sqlite3_filename name, sqlite3_file* f, int flags,
+         int* out_flags) {
+  const bool db = (flags & SQLITE_OPEN_MAIN_DB) != 0;
+  const bool log = (flags & SQLITE_OPEN_WAL) != 0;
+  if (!db && !log) return g_base->xOpen(g_base, name, f, flags, out_flags);
+  ShimFile* s = Shim(f);
+  std::memset(s, 0, kShimSize);
+  s->real =
+      reinterpret_cast<sqlite3_file*>(reinterpret_cast<char*>(f) + kShimSize);
+  int rc = g_base->xOpen(g_base, name, s->real, flags, out_flags);
+  if (rc != SQLITE_OK) {
+    // SQLite closes a file whose pMethods is set even when opening failed.
+    if (s->real->pMethods != nullptr) s->real->pMethods->xClose(s->real);
+    return rc;
+  }
+  if (s->real->pMethods->iVersion < 3) {
+    // Too old to pass through (no shared memory or mapping methods): use
+    // the default VFS's file as it is.
+    s->real->pMethods->xClose(s->real);
+    return g_base->xOpen(g_base, name, f, flags, out_flags);
+  }
+  if (log) {
+    s->gathered = new std::vector<char>();
+    s->gathered->reserve(kMaxGathered);
+    // The database file this log belongs to is open already (a pager opens
+    // its log after its database), through this VFS.
+    sqlite3_file* dbf = sqlite3_database_file_object(name);
+    if (dbf != nullptr && dbf->pMethods == &kDbMethods) {
+      s->peer = Shim(dbf);
+      Shim(dbf)->peer = s;
+    }
+    s->base.pMethods = &kLogMethods;
+  } else {
+    s->base.pMethods = &kDbMethods;
+  }
+  return SQLITE_OK;
+}
+
+int Delete(sqlite3_vfs*, const char* name, int sync) {
+  return g_base->xDelete(g_base, name, sync);
+}
+int Access(sqlite3_vfs*, const char* name, int flags, int* out) {
+  return g_base->xAccess(g_base, name, flags, out);
+}
+int FullPathname(sqlite3_vfs*, const char* name, int n, char* out) {
+  return g_base->xFullPathname(g_base, name, n, out);
+}
+void* DlOpen(sqlite3_vfs*, const char* name) {
+  return g_base->xDlOpen(g_base, name);
+}
+void DlError(sqlite3_vfs*, int n, char* msg) {
+  g_base->xDlError(g_base, n, msg);
+}
+void (*DlSym(sqlite3_vfs*, void* h, const char* sym))(void) {
+  return g_base->xDlSym(g_base, h, sym);
+}
+void DlClose(sqlite3_vfs*, void* h) { g_base->xDlClose(g_base, h); }
+int Randomness(sqlite3_vfs*, int n, char* out) {
+  return g_base->xRandomness(g_base, n, out);
+}
+int Sleep(sqlite3_vfs*, int us) { return g_base->xSleep(g_base, us); }
+int CurrentTime(sqlite3_vfs*, double* t) {
+  return g_base->xCurrentTime(g_base, t);
+}
+int GetLastError(sqlite3_vfs*, int n, char* msg) {
+  return g_base->xGetLastError(g_base, n, msg);
+}
+int CurrentTimeInt64(sqlite3_vfs*, sqlite3_int64* t) {
+  return g_base->xCurrentTimeInt64(g_base, t);
+}
+
+}  // namespace
+
+const char* LogGatheringVfs() {
+  static const char* name = []() -> const char* {
+    g_base = sqlite3_vfs_find(nullptr);
+    if (g_base == nullptr || g_base->iVersion < 2 ||
+        g_base->xCurrentTimeInt64 == nullptr) {
+      return nullptr;
+    }
+    g_vfs = sqlite3_vfs{};
+    g_vfs.iVersion = 2;
+    g_vfs.szOsFile = static_cast<int>(kShimSize) + g_base->szOsFile;
+    g_vfs.mxPathname = g_base->mxPathname;
+    g_vfs.zName = "agentvfs-log";
+    g_vfs.xOpen = Open;
+    g_vfs.xDelete = Delete;
+    g_vfs.xAccess = Access;
+    g_vfs.xFullPathname = FullPathname;
+    g_vfs.xDlOpen = DlOpen;
+    g_vfs.xDlError = DlError;
+    g_vfs.xDlSym = DlSym;
+    g_vfs.xDlClose = DlClose;
+    g_vfs.xRandomness = Randomness;
+    g_vfs.xSleep = Sleep;
+    g_vfs.xCurrentTime = CurrentTime;
+    g_vfs.xGetLastError = GetLastError;
+    g_vfs.xCurrentTimeInt64 = CurrentTimeInt64;
+    if (sqlite3_vfs_register(&g_vfs, 0) != SQLITE_OK) return nullptr;
+    return g_vfs.zName;
+  }();
+  return name;
+}
+
+LogVfsStats LogGatheringVfsStats() {
+  return {g_asked.load(std::memory_order_relaxed),
+          g_issued.load(std::memory_order_relaxed)};
+}
+
+}  // namespace agentvfs::store
