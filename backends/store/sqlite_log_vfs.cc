@@ -3,9 +3,11 @@
 
 #include <sqlite3.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstdlib>
 #include <cstring>
+#include <new>
 #include <vector>
 
 #include "spdlog/spdlog.h"
@@ -25,9 +27,13 @@ struct ShimFile {
   sqlite3_file base;  // its pMethods: kDbMethods or kLogMethods
   sqlite3_file* real;
   ShimFile* peer;  // the database's log file, or the log's database file
-  // Log files only: the gathered bytes, which belong at offset `start`.
+  bool is_log;
+  // Log files only: the gathered bytes (allocated at the first write),
+  // which belong at offset `start`; and the end of the log as written
+  // through this file since the log last started over.
   std::vector<char>* gathered;
   sqlite3_int64 start;
+  sqlite3_int64 end;
   bool commit_frame_next;  // the last write was a commit frame's header
 };
 
@@ -49,11 +55,25 @@ int Flush(ShimFile* s) {
   return rc;
 }
 
+// Forgets the gathered bytes: frames of a transaction that did not commit.
+void Discard(ShimFile* s) {
+  if (s->gathered != nullptr) s->gathered->clear();
+  s->commit_frame_next = false;
+}
+
+int WriteThrough(ShimFile* s, const void* buf, int n, sqlite3_int64 off) {
+  if (int rc = Flush(s); rc != SQLITE_OK) return rc;
+  g_issued.fetch_add(1, std::memory_order_relaxed);
+  return s->real->pMethods->xWrite(s->real, buf, n, off);
+}
+
 // --- methods of both kinds (pass-through) ---------------------------------
 
 int Truncate(sqlite3_file* f, sqlite3_int64 size) {
-  if (int rc = Flush(Shim(f)); rc != SQLITE_OK) return rc;
-  return Real(f)->pMethods->xTruncate(Real(f), size);
+  ShimFile* s = Shim(f);
+  if (int rc = Flush(s); rc != SQLITE_OK) return rc;
+  if (s->is_log && s->end > size) s->end = size;
+  return s->real->pMethods->xTruncate(s->real, size);
 }
 int Sync(sqlite3_file* f, int flags) {
   if (int rc = Flush(Shim(f)); rc != SQLITE_OK) return rc;
@@ -92,6 +112,23 @@ int ShmMap(sqlite3_file* f, int page, int size, int extend, void volatile** p) {
 int ShmLock(sqlite3_file* f, int offset, int n, int flags) {
   return Real(f)->pMethods->xShmLock(Real(f), offset, n, flags);
 }
+
+// The WAL index's lock slot 0 is the write lock (WAL_WRITE_LOCK in wal.c).
+constexpr int kWalWriteLock = 0;
+
+// A connection gives the write lock up when its write transaction ends.
+// A commit has reached the file by then (see DbShmBarrier), so whatever is
+// still gathered belongs to a transaction that rolled back, and must never
+// be written: once the lock is free another writer may put its own frames
+// at the same offsets.
+int DbShmLock(sqlite3_file* f, int offset, int n, int flags) {
+  if (flags == (SQLITE_SHM_UNLOCK | SQLITE_SHM_EXCLUSIVE) &&
+      offset <= kWalWriteLock && kWalWriteLock < offset + n &&
+      Shim(f)->peer != nullptr) {
+    Discard(Shim(f)->peer);
+  }
+  return Real(f)->pMethods->xShmLock(Real(f), offset, n, flags);
+}
 int ShmUnmap(sqlite3_file* f, int del) {
   return Real(f)->pMethods->xShmUnmap(Real(f), del);
 }
@@ -110,6 +147,9 @@ int DbWrite(sqlite3_file* f, const void* buf, int n, sqlite3_int64 off) {
 
 // Between a commit's frames and its publication in the WAL index: the
 // frames must be in the log file before any reader can learn of them.
+// (With SQLite's write pattern the commit frame's own flush has written
+// them already; what can still be gathered here is the tail of a frame
+// split at a sector boundary, on file systems without powersafe overwrite.)
 void DbShmBarrier(sqlite3_file* f) {
   if (ShimFile* log = Shim(f)->peer; log != nullptr) {
     if (int rc = Flush(log); rc != SQLITE_OK) {
@@ -142,6 +182,16 @@ int DbClose(sqlite3_file* f) {
 int LogWrite(sqlite3_file* f, const void* buf, int n, sqlite3_int64 off) {
   ShimFile* s = Shim(f);
   g_asked.fetch_add(1, std::memory_order_relaxed);
+  if (off == 0) s->end = 0;  // the log's header: it starts over
+  if (off < s->end) {
+    // Rewriting frames this transaction wrote (their checksums): straight
+    // to the file, so that any error goes to the call that can act on it.
+    return WriteThrough(s, buf, n, off);
+  }
+  if (s->gathered == nullptr) {
+    s->gathered = new (std::nothrow) std::vector<char>();
+    if (s->gathered == nullptr) return WriteThrough(s, buf, n, off);
+  }
   std::vector<char>& g = *s->gathered;
   if (!g.empty() && (off != s->start + static_cast<sqlite3_int64>(g.size()) ||
                      g.size() + static_cast<size_t>(n) > kMaxGathered)) {
@@ -149,7 +199,13 @@ int LogWrite(sqlite3_file* f, const void* buf, int n, sqlite3_int64 off) {
   }
   if (g.empty()) s->start = off;
   const char* p = static_cast<const char*>(buf);
-  g.insert(g.end(), p, p + n);
+  try {
+    if (g.capacity() < kMaxGathered) g.reserve(kMaxGathered);
+    g.insert(g.end(), p, p + n);
+  } catch (const std::bad_alloc&) {
+    return WriteThrough(s, buf, n, off);
+  }
+  s->end = std::max(s->end, off + n);
   if (n == kFrameHeaderSize) {
     // Bytes 4-7 of a frame header: the database size after a commit, zero
     // in the other frames. The frame's page is the next write.
@@ -163,14 +219,16 @@ int LogWrite(sqlite3_file* f, const void* buf, int n, sqlite3_int64 off) {
 
 int LogClose(sqlite3_file* f) {
   ShimFile* s = Shim(f);
-  int rc = Flush(s);
+  // Not written: a commit has reached the file before its write lock was
+  // given up, so anything still gathered was never committed.
+  Discard(s);
   if (s->peer != nullptr) s->peer->peer = nullptr;
   int closed = s->real->pMethods != nullptr ? s->real->pMethods->xClose(s->real)
                                             : SQLITE_OK;
   delete s->gathered;
   s->gathered = nullptr;
   s->base.pMethods = nullptr;
-  return rc != SQLITE_OK ? rc : closed;
+  return closed;
 }
 
 constexpr sqlite3_io_methods kDbMethods = {
@@ -188,7 +246,7 @@ constexpr sqlite3_io_methods kDbMethods = {
     SectorSize,
     DeviceCharacteristics,
     ShmMap,
-    ShmLock,
+    DbShmLock,
     DbShmBarrier,
     ShmUnmap,
     Fetch,
@@ -243,8 +301,7 @@ int Open(sqlite3_vfs*, sqlite3_filename name, sqlite3_file* f, int flags,
     return g_base->xOpen(g_base, name, f, flags, out_flags);
   }
   if (log) {
-    s->gathered = new std::vector<char>();
-    s->gathered->reserve(kMaxGathered);
+    s->is_log = true;
     // The database file this log belongs to is open already (a pager opens
     // its log after its database), through this VFS.
     sqlite3_file* dbf = sqlite3_database_file_object(name);

@@ -135,6 +135,44 @@ TEST_F(LogVfsTest, BigAndSpillingTransactionsComeOutWhole) {
             std::to_string(1048576 + 1000 * 150 + 1000 * 120) + ".0");
 }
 
+// Frames a transaction spilled and then rolled back must never reach the
+// file later: by then another writer may have put its committed frames at
+// the same offsets.
+TEST_F(LogVfsTest, RolledBackFramesNeverOverwriteAnotherWritersCommit) {
+  sqlite3* other = nullptr;  // a second writer, on SQLite's own VFS
+  ASSERT_EQ(
+      sqlite3_open_v2(path_.c_str(), &other, SQLITE_OPEN_READWRITE, nullptr),
+      SQLITE_OK);
+  Exec(other, "PRAGMA synchronous=NORMAL");
+  Exec(writer_, "PRAGMA cache_size=8");
+  constexpr int64_t kOtherBytes = 2 << 20;
+  for (int round = 0; round < 5; ++round) {
+    Exec(writer_, "BEGIN");
+    for (int i = 0; i < 300; ++i) {
+      Exec(writer_, "INSERT INTO t(v) VALUES(randomblob(700))");
+    }
+    Exec(writer_, "ROLLBACK");
+    // More log than the spill wrote, at the same offsets.
+    Exec(other, "INSERT INTO t(v) VALUES(zeroblob(" +
+                    std::to_string(kOtherBytes + round * 4096) + "))");
+    // Reads and writes of the first connection pass its barriers, flushes
+    // and syncs.
+    EXPECT_EQ(Scalar(writer_, "SELECT count(*) FROM t"),
+              std::to_string(round + 1));
+    Exec(writer_, "INSERT INTO t(v) VALUES(x'01')");
+    Exec(writer_, "DELETE FROM t WHERE v = x'01'");
+  }
+  sqlite3_close(other);
+  int64_t want = 0;
+  for (int round = 0; round < 5; ++round) want += kOtherBytes + round * 4096;
+  EXPECT_EQ(Scalar(reader_, "SELECT total(length(v)) FROM t"),
+            std::to_string(want) + ".0");
+  EXPECT_EQ(
+      Scalar(reader_, "SELECT count(*) FROM t WHERE v <> zeroblob(length(v))"),
+      "0");
+  EXPECT_EQ(Scalar(reader_, "PRAGMA integrity_check"), "ok");
+}
+
 TEST_F(LogVfsTest, FullSynchronousCommitsToo) {
   Exec(writer_, "PRAGMA synchronous=FULL");
   for (int i = 0; i < 20; ++i) {
