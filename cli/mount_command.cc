@@ -27,6 +27,7 @@ struct MountArgs {
   bool allow_other = false;
   bool debug = false;
   bool writeback = false;
+  bool no_passthrough = false;
   double timeout = 1.0;
   unsigned threads = 1;
   unsigned poll_us = 50;
@@ -77,6 +78,7 @@ int RunMount(const MountArgs& a) {
   options.allow_other = a.allow_other;
   options.debug = a.debug;
   options.writeback_cache = a.writeback;
+  options.passthrough = !a.no_passthrough;
   options.entry_timeout = a.timeout;
   options.attr_timeout = a.timeout;
   options.threads = a.threads;
@@ -145,6 +147,9 @@ void AddMountCommand(CLI::App& app, int* exit_code) {
   cmd->add_flag("--writeback-cache", args->writeback,
                 "Let the kernel batch writes (faster small writes; changes "
                 "made beside the mount may stay unseen)");
+  cmd->add_flag("--no-passthrough", args->no_passthrough,
+                "Serve workspace file I/O through the daemon instead of "
+                "letting the kernel pass it through to the host file");
   cmd->add_option("--cache-timeout", args->timeout,
                   "Seconds the kernel may cache names and attributes")
       ->check(CLI::Range(0.0, 31536000.0));

@@ -242,6 +242,10 @@ class InvalidationTest : public ::testing::Test {
     options.entry_timeout = kDay;
     options.attr_timeout = kDay;
     options.negative_timeout = kDay;
+    // The page cache must be the kernel's for these tests to mean anything:
+    // passed through, workspace reads go to the host file and see every
+    // change at once.
+    options.passthrough = false;
     options.identity = Caller::Local();
     std::string error;
     mount_ = InProcessMount::Start(router_, options, &error);

@@ -8,6 +8,7 @@
 #include <poll.h>
 #include <spdlog/sinks/stdout_sinks.h>
 #include <spdlog/spdlog.h>
+#include <sys/ioctl.h>
 #include <sys/stat.h>
 #include <sys/uio.h>
 #include <sys/vfs.h>
@@ -570,6 +571,7 @@ class FuseServer::Impl {
   struct OpenFile {
     std::shared_ptr<vfs::FileHandle> handle;
     fuse_ino_t ino;
+    bool passthrough = false;  // holds a reference on the node's backing
   };
   uint64_t AddFile(std::unique_ptr<vfs::FileHandle> h, fuse_ino_t ino) {
     auto f = std::make_unique<OpenFile>(OpenFile{std::move(h), ino});
@@ -580,11 +582,14 @@ class FuseServer::Impl {
   }
   void ReleaseFile(uint64_t fh) {
     std::unique_ptr<OpenFile> gone;  // destroyed outside the lock
-    std::lock_guard lock(handles_mu_);
-    auto it = files_.find(reinterpret_cast<OpenFile*>(fh));
-    if (it == files_.end()) return;
-    gone = std::move(it->second);
-    files_.erase(it);
+    {
+      std::lock_guard lock(handles_mu_);
+      auto it = files_.find(reinterpret_cast<OpenFile*>(fh));
+      if (it == files_.end()) return;
+      gone = std::move(it->second);
+      files_.erase(it);
+    }
+    if (gone->passthrough) ReleaseBacking(gone->ino);
   }
   // Any open handle of node `ino`, or null.
   std::shared_ptr<vfs::FileHandle> AnyFileOf(fuse_ino_t ino) {
@@ -594,8 +599,56 @@ class FuseServer::Impl {
     return nullptr;
   }
   uint64_t AddDir(std::unique_ptr<DirHandle> d);
+
+  // --- FUSE passthrough --------------------------------------------------
+  // libfuse 3.14 predates passthrough, so the session's device I/O goes
+  // through hooks (fuse_session_custom_io): the read hook notes whether the
+  // kernel's INIT offers passthrough, and the write hook adds it to libfuse's
+  // INIT reply and marks an open's reply with the backing file the handler
+  // registered for it (t_reply_backing, set around fuse_reply_open/create
+  // on the handler's own thread).
+  static ssize_t IoRead(int fd, void* buf, size_t len, void* userdata);
+  static ssize_t IoWritev(int fd, struct iovec* iov, int count, void* userdata);
+  // The backing id to pass this open of node `ino` through to (the host
+  // file `fd`), or 0 to serve it through the daemon. Every passthrough open
+  // of a node must use one backing (the kernel refuses a second), so the
+  // first registers it and the last release (ReleaseBacking) drops it; an
+  // open that finds a different host file behind the node (replaced beside
+  // the mount) fails with ESTALE, on which the kernel looks the name up
+  // again and retries once.
+  Result<int32_t> AcquireBacking(fuse_ino_t ino, int fd);
+  // For the open file registered in fi->fh: its backing id (0: none), with
+  // the file marked as holding it and fi adjusted.
+  Result<int32_t> PassThrough(fuse_file_info* fi) {
+    auto* f = reinterpret_cast<OpenFile*>(fi->fh);
+    int fd = f->handle->NativeFd();
+    if (fd < 0) return 0;
+    auto id = AcquireBacking(f->ino, fd);
+    if (!id || *id == 0) return id;
+    f->passthrough = true;
+    // The kernel does the I/O on the host file itself, O_DIRECT included,
+    // and refuses page-cache flags with passthrough (FOPEN_PASSTHROUGH_MASK:
+    // only DIRECT_IO, PARALLEL_DIRECT_WRITES and NOFLUSH may come along).
+    fi->direct_io = 0;
+    fi->keep_cache = 0;
+    return id;
+  }
+  void ReleaseBacking(fuse_ino_t ino);
   void ReleaseDir(uint64_t fh);
   void FreeHandles();
+
+  std::atomic<uint64_t> init_unique_{0};
+  std::atomic<bool> kernel_offers_passthrough_{false};
+  std::atomic<bool> passthrough_{false};          // negotiated at INIT
+  std::atomic<bool> passthrough_refused_{false};  // the kernel said EPERM
+  struct Backing {
+    int32_t id;
+    int opens;
+    dev_t dev;
+    ino_t host_ino;
+  };
+  std::mutex backing_mu_;  // guards backings_
+  std::unordered_map<fuse_ino_t, Backing> backings_;
 
   std::mutex handles_mu_;  // guards files_, dirs_
   std::unordered_map<OpenFile*, std::unique_ptr<OpenFile>> files_;
@@ -648,6 +701,166 @@ void FuseServer::Impl::FreeHandles() {
     std::lock_guard lock(handles_mu_);
     files.swap(files_);
     dirs.swap(dirs_);
+  }
+}
+
+namespace {
+
+// The kernel ABI pieces of FUSE passthrough (protocol 7.40, Linux 6.9),
+// which the system's headers (7.38) do not have yet.
+namespace kabi {
+struct InHeader {  // struct fuse_in_header
+  uint32_t len, opcode;
+  uint64_t unique, nodeid;
+  uint32_t uid, gid, pid;
+  uint16_t total_extlen, padding;
+};
+struct OutHeader {  // struct fuse_out_header
+  uint32_t len;
+  int32_t error;
+  uint64_t unique;
+};
+constexpr uint32_t kOpInit = 26;
+constexpr uint32_t kInitExt = 1u << 30;          // FUSE_INIT_EXT
+constexpr uint32_t kPassthroughFlag2 = 1u << 5;  // FUSE_PASSTHROUGH >> 32
+constexpr size_t kInitInFlags = 12, kInitInFlags2 = 16;    // fuse_init_in
+constexpr size_t kInitOutFlags = 12, kInitOutFlags2 = 32;  // fuse_init_out
+constexpr size_t kInitOutMaxStackDepth = 36;
+constexpr uint32_t kOpenPassthrough = 1u << 7;  // FOPEN_PASSTHROUGH
+struct BackingMap {                             // struct fuse_backing_map
+  int32_t fd;
+  uint32_t flags;
+  uint64_t padding;
+};
+constexpr unsigned long kBackingOpen = _IOW(229, 1, BackingMap);
+constexpr unsigned long kBackingClose = _IOW(229, 2, uint32_t);
+}  // namespace kabi
+
+thread_local int32_t t_reply_backing = 0;
+
+// Copies `n` bytes at offset `off` of the message in `iov` to or from `buf`.
+bool MessageBytes(struct iovec* iov, int count, size_t off, void* buf, size_t n,
+                  bool write) {
+  for (int i = 0; i < count && n > 0; ++i) {
+    size_t len = iov[i].iov_len;
+    if (off >= len) {
+      off -= len;
+      continue;
+    }
+    size_t k = std::min(n, len - off);
+    char* at = static_cast<char*>(iov[i].iov_base) + off;
+    if (write) {
+      std::memcpy(at, buf, k);
+    } else {
+      std::memcpy(buf, at, k);
+    }
+    buf = static_cast<char*>(buf) + k;
+    n -= k;
+    off = 0;
+  }
+  return n == 0;
+}
+
+}  // namespace
+
+ssize_t FuseServer::Impl::IoRead(int fd, void* buf, size_t len,
+                                 void* userdata) {
+  ssize_t n = ::read(fd, buf, len);
+  if (n < static_cast<ssize_t>(sizeof(kabi::InHeader))) return n;
+  kabi::InHeader h;
+  std::memcpy(&h, buf, sizeof h);
+  if (h.opcode == kabi::kOpInit &&
+      static_cast<size_t>(n) >= sizeof h + kabi::kInitInFlags2 + 4) {
+    auto* self = static_cast<Impl*>(userdata);
+    const char* in = static_cast<const char*>(buf) + sizeof h;
+    uint32_t flags = 0, flags2 = 0;
+    std::memcpy(&flags, in + kabi::kInitInFlags, 4);
+    std::memcpy(&flags2, in + kabi::kInitInFlags2, 4);
+    self->init_unique_.store(h.unique);
+    self->kernel_offers_passthrough_.store((flags & kabi::kInitExt) &&
+                                           (flags2 & kabi::kPassthroughFlag2));
+  }
+  return n;
+}
+
+ssize_t FuseServer::Impl::IoWritev(int fd, struct iovec* iov, int count,
+                                   void* userdata) {
+  auto* self = static_cast<Impl*>(userdata);
+  kabi::OutHeader h{};
+  if (MessageBytes(iov, count, 0, &h, sizeof h, false) && h.error == 0 &&
+      h.unique != 0) {
+    if (t_reply_backing != 0 && h.len >= sizeof h + 16) {
+      // The open's reply: fuse_open_out ends the message (after the entry
+      // in a create's reply): {fh, open_flags, backing_id}.
+      uint32_t open_flags = 0;
+      int32_t id = t_reply_backing;
+      MessageBytes(iov, count, h.len - 8, &open_flags, 4, false);
+      open_flags |= kabi::kOpenPassthrough;
+      MessageBytes(iov, count, h.len - 8, &open_flags, 4, true);
+      MessageBytes(iov, count, h.len - 4, &id, 4, true);
+    } else if (h.unique == self->init_unique_.load() &&
+               self->kernel_offers_passthrough_.load() &&
+               self->options_.passthrough && !self->options_.writeback_cache &&
+               h.len >= sizeof h + kabi::kInitOutMaxStackDepth + 4) {
+      uint32_t flags = 0, flags2 = 0, depth = 1;
+      MessageBytes(iov, count, sizeof h + kabi::kInitOutFlags, &flags, 4,
+                   false);
+      MessageBytes(iov, count, sizeof h + kabi::kInitOutFlags2, &flags2, 4,
+                   false);
+      flags |= kabi::kInitExt;
+      flags2 |= kabi::kPassthroughFlag2;
+      MessageBytes(iov, count, sizeof h + kabi::kInitOutFlags, &flags, 4, true);
+      MessageBytes(iov, count, sizeof h + kabi::kInitOutFlags2, &flags2, 4,
+                   true);
+      // Backing files may not themselves be stacked (overlayfs): depth 1.
+      MessageBytes(iov, count, sizeof h + kabi::kInitOutMaxStackDepth, &depth,
+                   4, true);
+      self->passthrough_.store(true);
+      Log()->debug(
+          "FUSE passthrough on: workspace file data goes from the kernel "
+          "to the host file directly");
+    }
+  }
+  return ::writev(fd, iov, count);
+}
+
+Result<int32_t> FuseServer::Impl::AcquireBacking(fuse_ino_t ino, int fd) {
+  if (!passthrough_.load() || passthrough_refused_.load()) return 0;
+  struct stat st;
+  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) return 0;
+  std::lock_guard lock(backing_mu_);
+  if (auto it = backings_.find(ino); it != backings_.end()) {
+    if (it->second.dev != st.st_dev || it->second.host_ino != st.st_ino) {
+      return Fail(ESTALE,
+                  "the file was replaced beside the mount while open here");
+    }
+    ++it->second.opens;
+    return it->second.id;
+  }
+  kabi::BackingMap map{fd, 0, 0};
+  int id = ::ioctl(fuse_session_fd(session_), kabi::kBackingOpen, &map);
+  if (id <= 0) {
+    if (errno == EPERM && !passthrough_refused_.exchange(true)) {
+      Log()->debug(
+          "FUSE passthrough unavailable (needs CAP_SYS_ADMIN); the daemon "
+          "serves file I/O");
+    }
+    // Another file system below (overlayfs), or no permission: this open
+    // goes through the daemon.
+    return 0;
+  }
+  backings_.emplace(ino, Backing{id, 1, st.st_dev, st.st_ino});
+  return id;
+}
+
+void FuseServer::Impl::ReleaseBacking(fuse_ino_t ino) {
+  std::lock_guard lock(backing_mu_);
+  auto it = backings_.find(ino);
+  if (it == backings_.end() || --it->second.opens > 0) return;
+  uint32_t id = static_cast<uint32_t>(it->second.id);
+  backings_.erase(it);
+  if (session_ != nullptr) {
+    (void)::ioctl(fuse_session_fd(session_), kabi::kBackingClose, &id);
   }
 }
 
@@ -954,7 +1167,15 @@ void OpOpen(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
     fi->fh = self->AddFile(std::move(*h), ino);
     // FUSE_CAP_AUTO_INVAL_DATA drops the cache when mtime or size change.
     fi->keep_cache = 1;
-    if (fuse_reply_open(req, fi) != 0) self->ReleaseFile(fi->fh);
+    auto backing = self->PassThrough(fi);
+    if (!backing) {
+      self->ReleaseFile(fi->fh);
+      return self->ReplyError(req, backing.error());
+    }
+    t_reply_backing = *backing;
+    int sent = fuse_reply_open(req, fi);
+    t_reply_backing = 0;
+    if (sent != 0) self->ReleaseFile(fi->fh);
   });
 }
 
@@ -979,7 +1200,16 @@ void OpCreate(fuse_req_t req, fuse_ino_t parent, const char* name, mode_t mode,
     fi->noflush = (*h)->NeedsFlush() ? 0 : 1;
     fi->fh = self->AddFile(std::move(*h), e.ino);
     fi->keep_cache = 1;
-    if (fuse_reply_create(req, &e, fi) != 0) {
+    auto backing = self->PassThrough(fi);
+    if (!backing) {
+      self->ReleaseFile(fi->fh);
+      self->Forget(e.ino, 1);
+      return self->ReplyError(req, backing.error());
+    }
+    t_reply_backing = *backing;
+    int sent = fuse_reply_create(req, &e, fi);
+    t_reply_backing = 0;
+    if (sent != 0) {
       self->ReleaseFile(fi->fh);
       self->Forget(e.ino, 1);
     }
@@ -1313,7 +1543,10 @@ Status FuseServer::Impl::Start() {
       "default_permissions,fsname=" + options_.fsname + ",subtype=agentvfs";
   if (options_.allow_other) opts += ",allow_other";
   std::vector<std::string> argv_text = {"agentvfs", "-o", opts};
-  if (options_.debug) argv_text.push_back("-d");
+  if (options_.debug) {
+    argv_text.push_back("-d");
+    Log()->set_level(spdlog::level::debug);  // the server's own notes too
+  }
   std::vector<char*> argv;
   for (auto& a : argv_text) argv.push_back(a.data());
   fuse_args args = FUSE_ARGS_INIT(static_cast<int>(argv.size()), argv.data());
@@ -1332,6 +1565,28 @@ Status FuseServer::Impl::Start() {
     return Fail(EIO, "cannot mount at '" + options_.mountpoint + "'" + hint);
   }
   mounted_ = true;
+  if (options_.passthrough && !options_.writeback_cache) {
+    // The same device, read and written through hooks that negotiate
+    // passthrough (IoRead, IoWritev); splice is kept as it was.
+    static const fuse_custom_io io = {
+        .writev = &Impl::IoWritev,
+        .read = &Impl::IoRead,
+        .splice_receive = [](int in, off_t* in_off, int out, off_t* out_off,
+                             size_t len, unsigned flags, void*) -> ssize_t {
+          return ::splice(in, in_off, out, out_off, len, flags);
+        },
+        .splice_send = [](int in, off_t* in_off, int out, off_t* out_off,
+                          size_t len, unsigned flags, void*) -> ssize_t {
+          return ::splice(in, in_off, out, out_off, len, flags);
+        },
+    };
+    if (int rc =
+            fuse_session_custom_io(session_, &io, fuse_session_fd(session_));
+        rc != 0) {
+      Log()->warn("cannot hook the FUSE device ({}); no passthrough",
+                  std::strerror(-rc));
+    }
+  }
   RaiseReadahead(options_.mountpoint, kReadaheadKib);
   return {};
 }

@@ -64,6 +64,12 @@ struct FuseOptions {
   // changes made beside the mount (the sandbox writing the workspace
   // directory directly) stay invisible while the inode is cached. Opt-in.
   bool writeback_cache = false;
+  // FUSE passthrough (kernel 6.9+, CAP_SYS_ADMIN): reads, writes and mmap
+  // of files whose backend has a host file descriptor (the workspace) go
+  // from the kernel straight to the host file, without a round trip to the
+  // daemon. Used when the kernel offers it and the writeback cache is off;
+  // otherwise (or when the kernel refuses a file) the daemon serves I/O.
+  bool passthrough = true;
   double entry_timeout = 1.0;  // seconds the kernel may cache names
   double attr_timeout = 1.0;   // seconds the kernel may cache attributes
   // Seconds the kernel may remember that a name does not exist; 0 (the
