@@ -100,6 +100,17 @@ TEST_F(PassthroughTest, FileDataBypassesTheDaemon) {
   if (!PassthroughExpected(&why)) GTEST_SKIP() << why;
   ASSERT_TRUE(Mount({"--debug"}));
   ExerciseFileData(*this, View("data"), Host("data"));
+  // O_TRUNC while the file is open (passed through) elsewhere: the open
+  // truncates once it knows the file, and both descriptors see one file.
+  int reader = open(View("data").c_str(), O_RDONLY | O_CLOEXEC);
+  ASSERT_GE(reader, 0) << std::strerror(errno);
+  ASSERT_TRUE(WriteFile(View("data"), "short"));
+  char buf[16] = {};
+  EXPECT_EQ(pread(reader, buf, sizeof buf, 0), 5);
+  EXPECT_EQ(std::string(buf, 5), "short");
+  close(reader);
+  EXPECT_EQ(ReadFile(Host("data")).value_or("(unreadable)"), "short");
+
   std::string log = view_->Log();
   EXPECT_TRUE(Contains(log, "FUSE passthrough on"));
   EXPECT_GE(RequestsOf(log, "CREATE") + RequestsOf(log, "OPEN"), 3u);

@@ -571,7 +571,7 @@ class FuseServer::Impl {
   struct OpenFile {
     std::shared_ptr<vfs::FileHandle> handle;
     fuse_ino_t ino;
-    bool passthrough = false;  // holds a reference on the node's backing
+    bool registered = false;  // counted in backings_ (see AcquireBacking)
   };
   uint64_t AddFile(std::unique_ptr<vfs::FileHandle> h, fuse_ino_t ino) {
     auto f = std::make_unique<OpenFile>(OpenFile{std::move(h), ino});
@@ -589,7 +589,7 @@ class FuseServer::Impl {
       gone = std::move(it->second);
       files_.erase(it);
     }
-    if (gone->passthrough) ReleaseBacking(gone->ino);
+    if (gone->registered) ReleaseBacking(gone->ino);
   }
   // Any open handle of node `ino`, or null.
   std::shared_ptr<vfs::FileHandle> AnyFileOf(fuse_ino_t ino) {
@@ -610,13 +610,22 @@ class FuseServer::Impl {
   static ssize_t IoRead(int fd, void* buf, size_t len, void* userdata);
   static ssize_t IoWritev(int fd, struct iovec* iov, int count, void* userdata);
   // The backing id to pass this open of node `ino` through to (the host
-  // file `fd`), or 0 to serve it through the daemon. Every passthrough open
-  // of a node must use one backing (the kernel refuses a second), so the
-  // first registers it and the last release (ReleaseBacking) drops it; an
-  // open that finds a different host file behind the node (replaced beside
-  // the mount) fails with ESTALE, on which the kernel looks the name up
-  // again and retries once.
-  Result<int32_t> AcquireBacking(fuse_ino_t ino, int fd);
+  // file `fd`), or 0 to serve it through the daemon; nullopt when the node
+  // is not counted (passthrough off, not a regular file). The kernel wants
+  // all open files of an inode in one mode, and all passthrough ones on one
+  // backing, so the first open of a node decides (passthrough, or the
+  // daemon when the kernel refused the file), later opens follow it, and
+  // the last release (ReleaseBacking) ends it. An open that finds another
+  // host file behind a passed-through node (replaced beside the mount)
+  // fails with ESTALE, on which the kernel looks the name up again and
+  // retries once.
+  Result<std::optional<int32_t>> AcquireBacking(fuse_ino_t ino, int fd);
+  // True when node `ino` is passed through to a host file now.
+  bool HasBacking(fuse_ino_t ino) {
+    std::lock_guard lock(backing_mu_);
+    auto it = backings_.find(ino);
+    return it != backings_.end() && it->second.id > 0;
+  }
   // For the open file registered in fi->fh: its backing id (0: none), with
   // the file marked as holding it and fi adjusted.
   Result<int32_t> PassThrough(fuse_file_info* fi) {
@@ -624,14 +633,16 @@ class FuseServer::Impl {
     int fd = f->handle->NativeFd();
     if (fd < 0) return 0;
     auto id = AcquireBacking(f->ino, fd);
-    if (!id || *id == 0) return id;
-    f->passthrough = true;
+    if (!id) return std::unexpected(id.error());
+    if (!id->has_value()) return 0;
+    f->registered = true;
+    if (**id == 0) return 0;
     // The kernel does the I/O on the host file itself, O_DIRECT included,
     // and refuses page-cache flags with passthrough (FOPEN_PASSTHROUGH_MASK:
     // only DIRECT_IO, PARALLEL_DIRECT_WRITES and NOFLUSH may come along).
     fi->direct_io = 0;
     fi->keep_cache = 0;
-    return id;
+    return **id;
   }
   void ReleaseBacking(fuse_ino_t ino);
   void ReleaseDir(uint64_t fh);
@@ -642,13 +653,14 @@ class FuseServer::Impl {
   std::atomic<bool> passthrough_{false};          // negotiated at INIT
   std::atomic<bool> passthrough_refused_{false};  // the kernel said EPERM
   struct Backing {
-    int32_t id;
+    int32_t id;  // 0: the node's open files go through the daemon
     int opens;
     dev_t dev;
     ino_t host_ino;
   };
-  std::mutex backing_mu_;  // guards backings_
+  std::mutex backing_mu_;  // guards backings_, refused_devs_
   std::unordered_map<fuse_ino_t, Backing> backings_;
+  std::set<dev_t> refused_devs_;  // host file systems the kernel refused
 
   std::mutex handles_mu_;  // guards files_, dirs_
   std::unordered_map<OpenFile*, std::unique_ptr<OpenFile>> files_;
@@ -824,30 +836,45 @@ ssize_t FuseServer::Impl::IoWritev(int fd, struct iovec* iov, int count,
   return ::writev(fd, iov, count);
 }
 
-Result<int32_t> FuseServer::Impl::AcquireBacking(fuse_ino_t ino, int fd) {
-  if (!passthrough_.load() || passthrough_refused_.load()) return 0;
+Result<std::optional<int32_t>> FuseServer::Impl::AcquireBacking(fuse_ino_t ino,
+                                                                int fd) {
+  if (!passthrough_.load() || passthrough_refused_.load()) {
+    return std::nullopt;
+  }
   struct stat st;
-  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) return 0;
+  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) return std::nullopt;
   std::lock_guard lock(backing_mu_);
   if (auto it = backings_.find(ino); it != backings_.end()) {
-    if (it->second.dev != st.st_dev || it->second.host_ino != st.st_ino) {
+    Backing& b = it->second;
+    if (b.id > 0 && (b.dev != st.st_dev || b.host_ino != st.st_ino)) {
       return Fail(ESTALE,
                   "the file was replaced beside the mount while open here");
     }
-    ++it->second.opens;
-    return it->second.id;
+    ++b.opens;
+    return b.id;
   }
-  kabi::BackingMap map{fd, 0, 0};
-  int id = ::ioctl(fuse_session_fd(session_), kabi::kBackingOpen, &map);
-  if (id <= 0) {
-    if (errno == EPERM && !passthrough_refused_.exchange(true)) {
-      Log()->debug(
-          "FUSE passthrough unavailable (needs CAP_SYS_ADMIN); the daemon "
-          "serves file I/O");
+  int id = 0;
+  if (!refused_devs_.contains(st.st_dev)) {
+    kabi::BackingMap map{fd, 0, 0};
+    id = ::ioctl(fuse_session_fd(session_), kabi::kBackingOpen, &map);
+    if (id <= 0) {
+      int err = errno;
+      id = 0;
+      if (err == EPERM) {
+        passthrough_refused_.store(true);
+        Log()->debug(
+            "FUSE passthrough unavailable (needs CAP_SYS_ADMIN); the "
+            "daemon serves file I/O");
+        return std::nullopt;  // for every file: nothing to keep apart
+      }
+      if (err == ELOOP || err == EOPNOTSUPP || err == EINVAL) {
+        // The host file system cannot be a backing (overlayfs is already
+        // one layer deep): its files go through the daemon.
+        refused_devs_.insert(st.st_dev);
+        Log()->debug("FUSE passthrough refused for files on device {}: {}",
+                     static_cast<uint64_t>(st.st_dev), std::strerror(err));
+      }
     }
-    // Another file system below (overlayfs), or no permission: this open
-    // goes through the daemon.
-    return 0;
   }
   backings_.emplace(ino, Backing{id, 1, st.st_dev, st.st_ino});
   return id;
@@ -859,7 +886,7 @@ void FuseServer::Impl::ReleaseBacking(fuse_ino_t ino) {
   if (it == backings_.end() || --it->second.opens > 0) return;
   uint32_t id = static_cast<uint32_t>(it->second.id);
   backings_.erase(it);
-  if (session_ != nullptr) {
+  if (id > 0 && session_ != nullptr) {
     (void)::ioctl(fuse_session_fd(session_), kabi::kBackingClose, &id);
   }
 }
@@ -1161,9 +1188,16 @@ void OpOpen(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
     auto path = self->PathOf(ino);
     if (!path) return self->ReplyError(req, path.error());
     int flags = BackendFlags(*self, fi->flags, fi) & ~(O_CREAT | O_EXCL);
+    // A passed-through node may meet another host file behind its name
+    // (ESTALE below): truncate only once the file is known to be the one.
+    const bool truncate_later = (flags & O_TRUNC) &&
+                                (flags & O_ACCMODE) != O_RDONLY &&
+                                self->HasBacking(ino);
+    if (truncate_later) flags &= ~O_TRUNC;
     auto h = self->backend_.Open(self->CallerFor(req), *path, flags, 0);
     if (!h) return self->ReplyError(req, h.error());
     fi->noflush = (*h)->NeedsFlush() ? 0 : 1;
+    vfs::FileHandle* raw = h->get();
     fi->fh = self->AddFile(std::move(*h), ino);
     // FUSE_CAP_AUTO_INVAL_DATA drops the cache when mtime or size change.
     fi->keep_cache = 1;
@@ -1171,6 +1205,12 @@ void OpOpen(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
     if (!backing) {
       self->ReleaseFile(fi->fh);
       return self->ReplyError(req, backing.error());
+    }
+    if (truncate_later) {
+      if (auto t = raw->Truncate(0); !t) {
+        self->ReleaseFile(fi->fh);
+        return self->ReplyError(req, t.error());
+      }
     }
     t_reply_backing = *backing;
     int sent = fuse_reply_open(req, fi);
