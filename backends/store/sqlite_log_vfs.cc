@@ -87,6 +87,9 @@ int Read(sqlite3_file* f, void* buf, int n, sqlite3_int64 off) {
   if (int rc = Flush(Shim(f)); rc != SQLITE_OK) return rc;
   return Real(f)->pMethods->xRead(Real(f), buf, n, off);
 }
+int Write(sqlite3_file* f, const void* buf, int n, sqlite3_int64 off) {
+  return Real(f)->pMethods->xWrite(Real(f), buf, n, off);
+}
 int Lock(sqlite3_file* f, int level) {
   return Real(f)->pMethods->xLock(Real(f), level);
 }
@@ -129,6 +132,7 @@ int DbShmLock(sqlite3_file* f, int offset, int n, int flags) {
   }
   return Real(f)->pMethods->xShmLock(Real(f), offset, n, flags);
 }
+void ShmBarrier(sqlite3_file* f) { Real(f)->pMethods->xShmBarrier(Real(f)); }
 int ShmUnmap(sqlite3_file* f, int del) {
   return Real(f)->pMethods->xShmUnmap(Real(f), del);
 }
@@ -139,11 +143,16 @@ int Unfetch(sqlite3_file* f, sqlite3_int64 off, void* p) {
   return Real(f)->pMethods->xUnfetch(Real(f), off, p);
 }
 
-// --- the database file ----------------------------------------------------
-
-int DbWrite(sqlite3_file* f, const void* buf, int n, sqlite3_int64 off) {
-  return Real(f)->pMethods->xWrite(Real(f), buf, n, off);
+// Unpairs the file from its peer and closes the default VFS's file.
+int CloseShim(ShimFile* s) {
+  if (s->peer != nullptr) s->peer->peer = nullptr;
+  int rc = s->real->pMethods != nullptr ? s->real->pMethods->xClose(s->real)
+                                        : SQLITE_OK;
+  s->base.pMethods = nullptr;
+  return rc;
 }
+
+// --- the database file ----------------------------------------------------
 
 // Between a commit's frames and its publication in the WAL index: the
 // frames must be in the log file before any reader can learn of them.
@@ -165,17 +174,10 @@ void DbShmBarrier(sqlite3_file* f) {
       std::abort();
     }
   }
-  Real(f)->pMethods->xShmBarrier(Real(f));
+  ShmBarrier(f);
 }
 
-int DbClose(sqlite3_file* f) {
-  ShimFile* s = Shim(f);
-  if (s->peer != nullptr) s->peer->peer = nullptr;
-  int rc = s->real->pMethods != nullptr ? s->real->pMethods->xClose(s->real)
-                                        : SQLITE_OK;
-  s->base.pMethods = nullptr;
-  return rc;
-}
+int DbClose(sqlite3_file* f) { return CloseShim(Shim(f)); }
 
 // --- the log file ---------------------------------------------------------
 
@@ -221,21 +223,16 @@ int LogClose(sqlite3_file* f) {
   ShimFile* s = Shim(f);
   // Not written: a commit has reached the file before its write lock was
   // given up, so anything still gathered was never committed.
-  Discard(s);
-  if (s->peer != nullptr) s->peer->peer = nullptr;
-  int closed = s->real->pMethods != nullptr ? s->real->pMethods->xClose(s->real)
-                                            : SQLITE_OK;
   delete s->gathered;
   s->gathered = nullptr;
-  s->base.pMethods = nullptr;
-  return closed;
+  return CloseShim(s);
 }
 
 constexpr sqlite3_io_methods kDbMethods = {
     3,
     DbClose,
     Read,
-    DbWrite,
+    Write,
     Truncate,
     Sync,
     FileSize,
@@ -253,8 +250,6 @@ constexpr sqlite3_io_methods kDbMethods = {
     Unfetch,
 };
 
-void LogShmBarrier(sqlite3_file* f) { Real(f)->pMethods->xShmBarrier(Real(f)); }
-
 constexpr sqlite3_io_methods kLogMethods = {
     3,
     LogClose,
@@ -271,7 +266,7 @@ constexpr sqlite3_io_methods kLogMethods = {
     DeviceCharacteristics,
     ShmMap,
     ShmLock,
-    LogShmBarrier,
+    ShmBarrier,
     ShmUnmap,
     Fetch,
     Unfetch,

@@ -50,8 +50,7 @@ size_t RequestsOf(const std::string& log, const std::string& op) {
 
 // Writes and reads back a 3 MiB file, appends to it and changes it through
 // a shared mapping, all through the view; checks the host file each time.
-void ExerciseFileData(FuseViewTest& t, const std::string& view,
-                      const std::string& host) {
+void ExerciseFileData(const std::string& view, const std::string& host) {
   std::string data = Pattern(3 << 20, 7);
   ASSERT_TRUE(WriteFile(view, data));
   auto on_host = ReadFile(host);
@@ -90,7 +89,6 @@ void ExerciseFileData(FuseViewTest& t, const std::string& view,
   back = ReadFile(view + ".fresh");
   ASSERT_TRUE(back.has_value());
   EXPECT_TRUE(*back == fresh) << "host-written file read through the view";
-  (void)t;
 }
 
 class PassthroughTest : public FuseViewTest {};
@@ -99,7 +97,7 @@ TEST_F(PassthroughTest, FileDataBypassesTheDaemon) {
   std::string why;
   if (!PassthroughExpected(&why)) GTEST_SKIP() << why;
   ASSERT_TRUE(Mount({"--debug"}));
-  ExerciseFileData(*this, View("data"), Host("data"));
+  ExerciseFileData(View("data"), Host("data"));
   // O_TRUNC while the file is open (passed through) elsewhere: the open
   // truncates once it knows the file, and both descriptors see one file.
   int reader = open(View("data").c_str(), O_RDONLY | O_CLOEXEC);
@@ -120,7 +118,7 @@ TEST_F(PassthroughTest, FileDataBypassesTheDaemon) {
 
 TEST_F(PassthroughTest, WithoutPassthroughTheDaemonServesFileData) {
   ASSERT_TRUE(Mount({"--debug", "--no-passthrough"}));
-  ExerciseFileData(*this, View("data"), Host("data"));
+  ExerciseFileData(View("data"), Host("data"));
   std::string log = view_->Log();
   EXPECT_EQ(log.find("FUSE passthrough on"), std::string::npos);
   EXPECT_GT(RequestsOf(log, "WRITE"), 0u);

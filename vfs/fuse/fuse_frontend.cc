@@ -750,6 +750,21 @@ constexpr unsigned long kBackingClose = _IOW(229, 2, uint32_t);
 
 thread_local int32_t t_reply_backing = 0;
 
+// Sends an open's reply with `send`, marked for passthrough to `backing`
+// (0: none) by IoWritev on this thread.
+template <typename Send>
+int ReplyWithBacking(int32_t backing, Send send) {
+  t_reply_backing = backing;
+  int rc = send();
+  t_reply_backing = 0;
+  return rc;
+}
+
+ssize_t Splice(int in, off_t* in_off, int out, off_t* out_off, size_t len,
+               unsigned flags, void*) {
+  return ::splice(in, in_off, out, out_off, len, flags);
+}
+
 // Copies `n` bytes at offset `off` of the message in `iov` to or from `buf`.
 bool MessageBytes(struct iovec* iov, int count, size_t off, void* buf, size_t n,
                   bool write) {
@@ -1212,10 +1227,8 @@ void OpOpen(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
         return self->ReplyError(req, t.error());
       }
     }
-    t_reply_backing = *backing;
-    int sent = fuse_reply_open(req, fi);
-    t_reply_backing = 0;
-    if (sent != 0) self->ReleaseFile(fi->fh);
+    if (ReplyWithBacking(*backing, [&] { return fuse_reply_open(req, fi); }))
+      self->ReleaseFile(fi->fh);
   });
 }
 
@@ -1246,10 +1259,8 @@ void OpCreate(fuse_req_t req, fuse_ino_t parent, const char* name, mode_t mode,
       self->Forget(e.ino, 1);
       return self->ReplyError(req, backing.error());
     }
-    t_reply_backing = *backing;
-    int sent = fuse_reply_create(req, &e, fi);
-    t_reply_backing = 0;
-    if (sent != 0) {
+    if (ReplyWithBacking(*backing,
+                         [&] { return fuse_reply_create(req, &e, fi); })) {
       self->ReleaseFile(fi->fh);
       self->Forget(e.ino, 1);
     }
@@ -1611,14 +1622,8 @@ Status FuseServer::Impl::Start() {
     static const fuse_custom_io io = {
         .writev = &Impl::IoWritev,
         .read = &Impl::IoRead,
-        .splice_receive = [](int in, off_t* in_off, int out, off_t* out_off,
-                             size_t len, unsigned flags, void*) -> ssize_t {
-          return ::splice(in, in_off, out, out_off, len, flags);
-        },
-        .splice_send = [](int in, off_t* in_off, int out, off_t* out_off,
-                          size_t len, unsigned flags, void*) -> ssize_t {
-          return ::splice(in, in_off, out, out_off, len, flags);
-        },
+        .splice_receive = &Splice,
+        .splice_send = &Splice,
     };
     if (int rc =
             fuse_session_custom_io(session_, &io, fuse_session_fd(session_));
