@@ -1029,6 +1029,15 @@ INSTANTIATE_TEST_SUITE_P(
     ::testing::Values(FuseFactory("FuseWriteback", {"--writeback-cache",
                                                     "--cache-timeout", "30"})),
     FactoryName);
+// The workspace and the store mounts taking their requests over io_uring.
+INSTANTIATE_TEST_SUITE_P(FuseUring, ConformanceTest,
+                         ::testing::Values(FuseFactory("FuseUring",
+                                                       {"--io-uring"})),
+                         FactoryName);
+INSTANTIATE_TEST_SUITE_P(StoreFuseUring, ConformanceTest,
+                         ::testing::Values(StoreFuseFactory("StoreFuseUring",
+                                                            {"--io-uring"})),
+                         FactoryName);
 
 }  // namespace
 }  // namespace agentvfs::conformance

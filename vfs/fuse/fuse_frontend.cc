@@ -34,6 +34,8 @@
 #include <thread>
 #include <unordered_map>
 
+#include "vfs/fuse/uring_channel.h"
+
 namespace agentvfs::fuse {
 
 using vfs::Attr;
@@ -416,7 +418,11 @@ class FuseServer::Impl {
   }
 
   // Runs `job` on the blocking-operation pool (started on first use).
+  // On an io_uring thread the job runs at once: its reply must leave from
+  // the thread that received the request (the queue's other threads keep
+  // serving meanwhile).
   void Offload(std::function<void()> job) {
+    if (UringChannel::InRingThread()) return job();
     std::lock_guard lock(pool_mu_);
     if (workers_.empty()) {
       for (int i = 0; i < kPoolThreads; ++i)
@@ -652,6 +658,13 @@ class FuseServer::Impl {
   std::atomic<bool> kernel_offers_passthrough_{false};
   std::atomic<bool> passthrough_{false};          // negotiated at INIT
   std::atomic<bool> passthrough_refused_{false};  // the kernel said EPERM
+  std::atomic<bool> kernel_offers_uring_{false};
+  // FUSE over io_uring: started once INIT is answered with it (IoWritev),
+  // stopped at Teardown.
+  void StartUring();
+  void StopUring();
+  std::mutex uring_mu_;  // guards uring_
+  std::unique_ptr<UringChannel> uring_;
   struct Backing {
     int32_t id;  // 0: the node's open files go through the daemon
     int opens;
@@ -735,6 +748,7 @@ struct OutHeader {  // struct fuse_out_header
 constexpr uint32_t kOpInit = 26;
 constexpr uint32_t kInitExt = 1u << 30;          // FUSE_INIT_EXT
 constexpr uint32_t kPassthroughFlag2 = 1u << 5;  // FUSE_PASSTHROUGH >> 32
+constexpr uint32_t kUringFlag2 = 1u << 9;        // FUSE_OVER_IO_URING >> 32
 constexpr size_t kInitInFlags = 12, kInitInFlags2 = 16;    // fuse_init_in
 constexpr size_t kInitOutFlags = 12, kInitOutFlags2 = 32;  // fuse_init_out
 constexpr size_t kInitOutMaxStackDepth = 36;
@@ -763,6 +777,12 @@ int ReplyWithBacking(int32_t backing, Send send) {
 ssize_t Splice(int in, off_t* in_off, int out, off_t* out_off, size_t len,
                unsigned flags, void*) {
   return ::splice(in, in_off, out, out_off, len, flags);
+}
+// A spliced reply: into the ring entry when it answers a ring request.
+ssize_t SpliceReply(int in, off_t* in_off, int out, off_t* out_off, size_t len,
+                    unsigned flags, void* userdata) {
+  if (auto n = UringChannel::CaptureSplice(in, len)) return *n;
+  return Splice(in, in_off, out, out_off, len, flags, userdata);
 }
 
 // Copies `n` bytes at offset `off` of the message in `iov` to or from `buf`.
@@ -806,6 +826,8 @@ ssize_t FuseServer::Impl::IoRead(int fd, void* buf, size_t len,
     self->init_unique_.store(h.unique);
     self->kernel_offers_passthrough_.store((flags & kabi::kInitExt) &&
                                            (flags2 & kabi::kPassthroughFlag2));
+    self->kernel_offers_uring_.store((flags & kabi::kInitExt) &&
+                                     (flags2 & kabi::kUringFlag2));
   }
   return n;
 }
@@ -826,28 +848,49 @@ ssize_t FuseServer::Impl::IoWritev(int fd, struct iovec* iov, int count,
       MessageBytes(iov, count, h.len - 8, &open_flags, 4, true);
       MessageBytes(iov, count, h.len - 4, &id, 4, true);
     } else if (h.unique == self->init_unique_.load() &&
-               self->kernel_offers_passthrough_.load() &&
-               self->options_.passthrough && !self->options_.writeback_cache &&
                h.len >= sizeof h + kabi::kInitOutMaxStackDepth + 4) {
-      uint32_t flags = 0, flags2 = 0, depth = 1;
-      MessageBytes(iov, count, sizeof h + kabi::kInitOutFlags, &flags, 4,
-                   false);
-      MessageBytes(iov, count, sizeof h + kabi::kInitOutFlags2, &flags2, 4,
-                   false);
-      flags |= kabi::kInitExt;
-      flags2 |= kabi::kPassthroughFlag2;
-      MessageBytes(iov, count, sizeof h + kabi::kInitOutFlags, &flags, 4, true);
-      MessageBytes(iov, count, sizeof h + kabi::kInitOutFlags2, &flags2, 4,
-                   true);
-      // Backing files may not themselves be stacked (overlayfs): depth 1.
-      MessageBytes(iov, count, sizeof h + kabi::kInitOutMaxStackDepth, &depth,
-                   4, true);
-      self->passthrough_.store(true);
-      Log()->debug(
-          "FUSE passthrough on: workspace file data goes from the kernel "
-          "to the host file directly");
+      // INIT's reply: add what libfuse 3.14 cannot ask for itself.
+      const bool passthrough = self->kernel_offers_passthrough_.load() &&
+                               self->options_.passthrough &&
+                               !self->options_.writeback_cache;
+      const bool uring =
+          self->kernel_offers_uring_.load() && self->options_.io_uring;
+      if (self->options_.io_uring && !uring)
+        Log()->warn(
+            "the kernel does not offer FUSE over io_uring; requests stay on "
+            "/dev/fuse");
+      if (passthrough || uring) {
+        uint32_t flags = 0, flags2 = 0;
+        MessageBytes(iov, count, sizeof h + kabi::kInitOutFlags, &flags, 4,
+                     false);
+        MessageBytes(iov, count, sizeof h + kabi::kInitOutFlags2, &flags2, 4,
+                     false);
+        flags |= kabi::kInitExt;
+        if (passthrough) flags2 |= kabi::kPassthroughFlag2;
+        if (uring) flags2 |= kabi::kUringFlag2;
+        MessageBytes(iov, count, sizeof h + kabi::kInitOutFlags, &flags, 4,
+                     true);
+        MessageBytes(iov, count, sizeof h + kabi::kInitOutFlags2, &flags2, 4,
+                     true);
+      }
+      if (passthrough) {
+        // Backing files may not themselves be stacked (overlayfs): depth 1.
+        uint32_t depth = 1;
+        MessageBytes(iov, count, sizeof h + kabi::kInitOutMaxStackDepth, &depth,
+                     4, true);
+        self->passthrough_.store(true);
+        Log()->debug(
+            "FUSE passthrough on: workspace file data goes from the kernel "
+            "to the host file directly");
+      }
+      ssize_t n = ::writev(fd, iov, count);
+      // The kernel took the reply (and set up the connection) within the
+      // write, so ring entries can be registered from now on.
+      if (n >= 0 && uring) self->StartUring();
+      return n;
     }
   }
+  if (auto n = UringChannel::CaptureReply(iov, count)) return *n;
   return ::writev(fd, iov, count);
 }
 
@@ -1586,10 +1629,38 @@ fuse_lowlevel_ops MakeOps() {
   return ops;
 }
 
+// Makes the kernel offer FUSE over io_uring (fuse module parameter
+// enable_uring), or says why it cannot and what to do.
+Status EnableFuseUring() {
+  const char* param = "/sys/module/fuse/parameters/enable_uring";
+  std::ifstream in(param);
+  std::string value;
+  if (!in || !std::getline(in, value)) {
+    return Fail(EOPNOTSUPP,
+                "this kernel has no FUSE over io_uring (it needs Linux 6.14+ "
+                "built with CONFIG_FUSE_IO_URING); mount without --io-uring");
+  }
+  if (value == "Y" || value == "1") return {};
+  std::ofstream out(param);
+  out << "Y";
+  out.flush();
+  if (!out) {
+    return Fail(EPERM,
+                "FUSE over io_uring is off in the kernel (fuse module "
+                "parameter enable_uring=N); as root run `echo Y > " +
+                    std::string(param) + "`, or mount without --io-uring");
+  }
+  Log()->info("turned on FUSE over io_uring ({}=Y)", param);
+  return {};
+}
+
 }  // namespace
 
 Status FuseServer::Impl::Start() {
   if (auto ok = CheckMountPoint(options_.mountpoint); !ok) return ok;
+  if (options_.io_uring) {
+    if (auto ok = EnableFuseUring(); !ok) return ok;
+  }
   std::string opts =
       "default_permissions,fsname=" + options_.fsname + ",subtype=agentvfs";
   if (options_.allow_other) opts += ",allow_other";
@@ -1616,14 +1687,16 @@ Status FuseServer::Impl::Start() {
     return Fail(EIO, "cannot mount at '" + options_.mountpoint + "'" + hint);
   }
   mounted_ = true;
-  if (options_.passthrough && !options_.writeback_cache) {
+  if ((options_.passthrough && !options_.writeback_cache) ||
+      options_.io_uring) {
     // The same device, read and written through hooks that negotiate
-    // passthrough (IoRead, IoWritev); splice is kept as it was.
+    // passthrough and io_uring (IoRead, IoWritev) and hand ring requests'
+    // replies to the ring.
     static const fuse_custom_io io = {
         .writev = &Impl::IoWritev,
         .read = &Impl::IoRead,
         .splice_receive = &Splice,
-        .splice_send = &Splice,
+        .splice_send = &SpliceReply,
     };
     if (int rc =
             fuse_session_custom_io(session_, &io, fuse_session_fd(session_));
@@ -1734,9 +1807,39 @@ void FuseServer::Impl::Teardown() {
     fuse_session_unmount(session_);
     mounted_ = false;
   }
+  StopUring();  // before the session its threads use goes
   fuse_session_destroy(session_);
   session_ = nullptr;
   FreeHandles();  // no callback can run any more
+}
+
+void FuseServer::Impl::StartUring() {
+  std::lock_guard lock(uring_mu_);
+  if (uring_ || session_ == nullptr) return;
+  UringChannel::Config cfg;
+  cfg.session = session_;
+  cfg.dev_fd = fuse_session_fd(session_);
+  // The kernel wants room for its largest message: max_write (1 MiB, see
+  // OpInit) and as many pages; a page more leaves slack.
+  cfg.payload_size = (1u << 20) + 4096;
+  auto ch = UringChannel::Start(cfg);
+  if (!ch) {
+    Log()->warn(
+        "FUSE over io_uring unavailable: {}; requests stay on "
+        "/dev/fuse",
+        ch.error().ToString());
+    return;
+  }
+  uring_ = std::move(*ch);
+}
+
+void FuseServer::Impl::StopUring() {
+  std::unique_ptr<UringChannel> ch;
+  {
+    std::lock_guard lock(uring_mu_);
+    ch.swap(uring_);
+  }
+  if (ch) ch->Stop();
 }
 
 FuseServer::FuseServer(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}

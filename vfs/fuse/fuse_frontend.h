@@ -70,6 +70,13 @@ struct FuseOptions {
   // daemon. Used when the kernel offers it and the writeback cache is off;
   // otherwise (or when the kernel refuses a file) the daemon serves I/O.
   bool passthrough = true;
+  // FUSE over io_uring (Linux 6.14+): requests arrive on per-CPU queues
+  // served by threads bound to each CPU (see uring_channel.h), which keeps a
+  // round trip's two wake-ups on one CPU. Needs the fuse module parameter
+  // enable_uring=Y, which Mount sets when it may (root) and otherwise
+  // refuses with the command to run. FORGET, INTERRUPT and notifications
+  // stay on /dev/fuse, served as `threads` says.
+  bool io_uring = false;
   double entry_timeout = 1.0;  // seconds the kernel may cache names
   double attr_timeout = 1.0;   // seconds the kernel may cache attributes
   // Seconds the kernel may remember that a name does not exist; 0 (the

@@ -1,0 +1,371 @@
+// UringChannel: FUSE requests over io_uring; see uring_channel.h.
+#define FUSE_USE_VERSION 314
+#include "vfs/fuse/uring_channel.h"
+
+#include <fuse3/fuse_lowlevel.h>
+#include <liburing.h>
+#include <poll.h>
+#include <pthread.h>
+#include <sched.h>
+#include <spdlog/sinks/stdout_sinks.h>
+#include <spdlog/spdlog.h>
+#include <sys/eventfd.h>
+#include <sys/mman.h>
+#include <sys/sysinfo.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <fstream>
+#include <string>
+
+namespace agentvfs::fuse {
+namespace {
+
+std::shared_ptr<spdlog::logger> Log() {
+  static std::shared_ptr<spdlog::logger> logger = [] {
+    auto existing = spdlog::get("fuse");
+    return existing ? existing : spdlog::stderr_logger_mt("fuse");
+  }();
+  return logger;
+}
+
+// The kernel's FUSE-over-io_uring ABI (linux/fuse.h 7.42), which Debian 12's
+// kernel headers predate.
+namespace kabi {
+struct InHeader {  // struct fuse_in_header
+  uint32_t len;
+  uint32_t opcode;
+  uint64_t unique;
+  uint64_t nodeid;
+  uint32_t uid, gid, pid;
+  uint16_t total_extlen;
+  uint16_t padding;
+};
+static_assert(sizeof(InHeader) == 40);
+struct OutHeader {  // struct fuse_out_header
+  uint32_t len;
+  int32_t error;
+  uint64_t unique;
+};
+struct EntInOut {  // struct fuse_uring_ent_in_out
+  uint64_t flags;
+  uint64_t commit_id;
+  uint32_t payload_sz;
+  uint32_t padding;
+  uint64_t reserved;
+};
+struct ReqHeader {   // struct fuse_uring_req_header
+  char in_out[128];  // fuse_in_header on fetch, fuse_out_header on commit
+  char op_in[128];   // the per-op header (first argument), if any
+  EntInOut ent;
+};
+struct CmdReq {  // struct fuse_uring_cmd_req, in the SQE's command area
+  uint64_t flags;
+  uint64_t commit_id;
+  uint16_t qid;
+  uint8_t padding[6];
+};
+constexpr uint32_t kRegister = 1;        // FUSE_IO_URING_CMD_REGISTER
+constexpr uint32_t kCommitAndFetch = 2;  // FUSE_IO_URING_CMD_COMMIT_AND_FETCH
+}  // namespace kabi
+
+// Completion tags.
+constexpr uint64_t kEntryTag = 1, kStopTag = 2;
+// Room before the payload for the in-header and the per-op header, so that
+// the request can be laid out contiguously without moving the payload.
+constexpr size_t kHeadroom = 4096;
+static_assert(sizeof(kabi::ReqHeader) + sizeof(kabi::InHeader) + 128 <=
+              kHeadroom);
+
+// The ring entry this thread is serving a request from.
+struct Entry {
+  kabi::ReqHeader* header = nullptr;
+  char* payload = nullptr;
+  size_t payload_size = 0;
+  uint64_t unique = 0;
+  bool replied = false;
+};
+thread_local Entry* t_entry = nullptr;
+
+// Copies `n` bytes from offset `off` of the message in `iov` to `out`.
+void Gather(const struct iovec* iov, int count, size_t off, char* out,
+            size_t n) {
+  for (int i = 0; i < count && n > 0; ++i) {
+    size_t len = iov[i].iov_len;
+    if (off >= len) {
+      off -= len;
+      continue;
+    }
+    size_t k = std::min(n, len - off);
+    std::memmove(out, static_cast<const char*>(iov[i].iov_base) + off, k);
+    out += k;
+    n -= k;
+    off = 0;
+  }
+}
+
+bool ReadFull(int fd, char* out, size_t n) {
+  while (n > 0) {
+    ssize_t k = ::read(fd, out, n);
+    if (k < 0 && errno == EINTR) continue;
+    if (k <= 0) return false;
+    out += k;
+    n -= static_cast<size_t>(k);
+  }
+  return true;
+}
+
+// Answers the entry's request with `err` (negative errno) and no data.
+void ReplyError(Entry& e, int err) {
+  kabi::OutHeader h{sizeof(kabi::OutHeader), err, e.unique};
+  std::memcpy(e.header->in_out, &h, sizeof h);
+  e.header->ent.payload_sz = 0;
+  e.replied = true;
+}
+
+// Largest CPU number in a list like "0-3,5" (the format of
+// /sys/devices/system/cpu/possible), or -1.
+int LastCpu(const std::string& list) {
+  int last = -1;
+  size_t i = 0;
+  while (i < list.size()) {
+    size_t end = list.find(',', i);
+    if (end == std::string::npos) end = list.size();
+    std::string part = list.substr(i, end - i);
+    size_t dash = part.find('-');
+    try {
+      last = std::max(
+          last,
+          std::stoi(dash == std::string::npos ? part : part.substr(dash + 1)));
+    } catch (const std::exception&) {
+      return -1;
+    }
+    i = end + 1;
+  }
+  return last;
+}
+
+}  // namespace
+
+unsigned UringChannel::QueueCount() {
+  std::ifstream in("/sys/devices/system/cpu/possible");
+  std::string list;
+  if (in && std::getline(in, list)) {
+    if (int last = LastCpu(list); last >= 0)
+      return static_cast<unsigned>(last) + 1;
+  }
+  return static_cast<unsigned>(std::max(1, get_nprocs_conf()));
+}
+
+bool UringChannel::InRingThread() { return t_entry != nullptr; }
+
+std::optional<ssize_t> UringChannel::CaptureReply(const struct iovec* iov,
+                                                  int count) {
+  Entry* e = t_entry;
+  if (e == nullptr) return std::nullopt;
+  size_t total = 0;
+  for (int i = 0; i < count; ++i) total += iov[i].iov_len;
+  kabi::OutHeader h{};
+  if (total < sizeof h) return std::nullopt;
+  Gather(iov, count, 0, reinterpret_cast<char*>(&h), sizeof h);
+  // A notification (unique 0) sent while serving goes to /dev/fuse.
+  if (h.unique != e->unique) return std::nullopt;
+  if (e->replied || total - sizeof h > e->payload_size) {
+    errno = EINVAL;
+    return -1;
+  }
+  std::memcpy(e->header->in_out, &h, sizeof h);
+  Gather(iov, count, sizeof h, e->payload, total - sizeof h);
+  e->header->ent.payload_sz = static_cast<uint32_t>(total - sizeof h);
+  e->replied = true;
+  return static_cast<ssize_t>(total);
+}
+
+std::optional<ssize_t> UringChannel::CaptureSplice(int pipe_fd, size_t len) {
+  Entry* e = t_entry;
+  if (e == nullptr) return std::nullopt;
+  kabi::OutHeader h{};
+  if (e->replied || len < sizeof h || len - sizeof h > e->payload_size ||
+      !ReadFull(pipe_fd, reinterpret_cast<char*>(&h), sizeof h) ||
+      h.unique != e->unique || !ReadFull(pipe_fd, e->payload, len - sizeof h)) {
+    // libfuse only splices data replies, which answer the request being
+    // served; anything else would be a bug. The request then gets EIO.
+    Log()->error("io_uring: unexpected spliced reply ({} bytes)", len);
+    errno = EIO;
+    return -1;
+  }
+  std::memcpy(e->header->in_out, &h, sizeof h);
+  e->header->ent.payload_sz = static_cast<uint32_t>(len - sizeof h);
+  e->replied = true;
+  return static_cast<ssize_t>(len);
+}
+
+UringChannel::UringChannel(const Config& cfg) : cfg_(cfg) {}
+
+vfs::Result<std::unique_ptr<UringChannel>> UringChannel::Start(
+    const Config& cfg) {
+  std::unique_ptr<UringChannel> ch(new UringChannel(cfg));
+  ch->stop_fd_ = ::eventfd(0, EFD_CLOEXEC);
+  if (ch->stop_fd_ < 0)
+    return vfs::Fail(errno, std::string("eventfd: ") + std::strerror(errno));
+  const unsigned queues = QueueCount();
+  const unsigned per_queue = std::max(1u, cfg.threads_per_queue);
+  try {
+    for (unsigned q = 0; q < queues; ++q)
+      for (unsigned i = 0; i < per_queue; ++i)
+        ch->threads_.emplace_back([raw = ch.get(), q] { raw->Serve(q); });
+  } catch (const std::system_error& e) {
+    ch->Stop();
+    return vfs::Fail(EAGAIN,
+                     std::string("cannot start io_uring threads: ") + e.what());
+  }
+  Log()->debug("io_uring: {} queues x {} threads", queues, per_queue);
+  return ch;
+}
+
+UringChannel::~UringChannel() { Stop(); }
+
+void UringChannel::Stop() {
+  if (stop_fd_ >= 0) {
+    uint64_t one = 1;
+    (void)!::write(stop_fd_, &one, sizeof one);
+  }
+  for (auto& t : threads_)
+    if (t.joinable()) t.join();
+  threads_.clear();
+  if (stop_fd_ >= 0) {
+    ::close(stop_fd_);
+    stop_fd_ = -1;
+    Log()->debug("io_uring: {} requests served", Served());
+  }
+}
+
+void UringChannel::Serve(unsigned qid) {
+  // Bound to the queue's CPU, the thread is woken where the requester runs.
+  // A CPU outside this process's set leaves the thread unbound.
+  cpu_set_t cpus;
+  CPU_ZERO(&cpus);
+  CPU_SET(qid, &cpus);
+  (void)pthread_setaffinity_np(pthread_self(), sizeof cpus, &cpus);
+
+  io_uring ring;
+  io_uring_params params{};
+  // The kernel's command area needs 128-byte SQEs; completions are run
+  // only when this thread waits for them (it is their only consumer).
+  params.flags = IORING_SETUP_SQE128 | IORING_SETUP_SINGLE_ISSUER |
+                 IORING_SETUP_DEFER_TASKRUN;
+  int rc = io_uring_queue_init_params(4, &ring, &params);
+  if (rc == -EINVAL) {  // before Linux 6.1
+    params = {};
+    params.flags = IORING_SETUP_SQE128;
+    rc = io_uring_queue_init_params(4, &ring, &params);
+  }
+  if (rc < 0) {
+    if (failed_.fetch_add(1) == 0)
+      Log()->warn("io_uring unavailable ({}); requests stay on /dev/fuse",
+                  std::strerror(-rc));
+    return;
+  }
+  const size_t map_len = kHeadroom + cfg_.payload_size;
+  void* mem = ::mmap(nullptr, map_len, PROT_READ | PROT_WRITE,
+                     MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (mem == MAP_FAILED) {
+    Log()->error("io_uring: cannot map {} bytes", map_len);
+    failed_.fetch_add(1);
+    io_uring_queue_exit(&ring);
+    return;
+  }
+  Entry e;
+  e.header = static_cast<kabi::ReqHeader*>(mem);
+  e.payload = static_cast<char*>(mem) + kHeadroom;
+  e.payload_size = cfg_.payload_size;
+  struct iovec iov[2] = {{e.header, sizeof(kabi::ReqHeader)},
+                         {e.payload, e.payload_size}};
+
+  auto command = [&](uint32_t op, uint64_t commit_id) {
+    io_uring_sqe* sqe = io_uring_get_sqe(&ring);  // depth 4, 2 in flight
+    io_uring_prep_rw(IORING_OP_URING_CMD, sqe, cfg_.dev_fd,
+                     op == kabi::kRegister ? iov : nullptr,
+                     op == kabi::kRegister ? 2 : 0, 0);
+    sqe->cmd_op = op;
+    kabi::CmdReq req{0, commit_id, static_cast<uint16_t>(qid), {}};
+    std::memcpy(sqe->cmd, &req, sizeof req);
+    io_uring_sqe_set_data64(sqe, kEntryTag);
+  };
+  command(kabi::kRegister, 0);
+  io_uring_sqe* stop = io_uring_get_sqe(&ring);
+  io_uring_prep_poll_add(stop, stop_fd_, POLLIN);
+  io_uring_sqe_set_data64(stop, kStopTag);
+
+  bool running = true;
+  while (running) {
+    rc = io_uring_submit_and_wait(&ring, 1);
+    if (rc < 0 && rc != -EINTR) {
+      Log()->error("io_uring: waiting failed: {}", std::strerror(-rc));
+      break;
+    }
+    io_uring_cqe* cqe;
+    while (running && io_uring_peek_cqe(&ring, &cqe) == 0) {
+      const uint64_t tag = io_uring_cqe_get_data64(cqe);
+      const int res = cqe->res;
+      io_uring_cqe_seen(&ring, cqe);
+      if (tag == kStopTag) {
+        running = false;
+        break;
+      }
+      if (res < 0) {
+        // ENOTCONN: the connection ended (unmounted). Anything else means
+        // the kernel refused the entry: the queue stays on /dev/fuse.
+        if (res != -ENOTCONN && res != -ECANCELED) {
+          failed_.fetch_add(1);
+          Log()->warn("io_uring: the kernel refused queue {}: {}", qid,
+                      std::strerror(-res));
+        }
+        running = false;
+        break;
+      }
+      if (!announced_.exchange(true))
+        Log()->debug("io_uring: FUSE requests now arrive over io_uring");
+      kabi::InHeader h;
+      std::memcpy(&h, e.header->in_out, sizeof h);
+      const kabi::EntInOut ent = e.header->ent;
+      e.unique = h.unique;
+      e.replied = false;
+      const size_t fixed = sizeof h + ent.payload_sz;
+      if (h.len < fixed || h.len - fixed > sizeof e.header->op_in ||
+          ent.payload_sz > e.payload_size) {
+        Log()->error("io_uring: malformed request (opcode {}, {} bytes)",
+                     h.opcode, h.len);
+        ReplyError(e, -EIO);
+      } else {
+        // The /dev/fuse layout: in-header, per-op header, payload.
+        const size_t op_len = h.len - fixed;
+        char* start = e.payload - op_len - sizeof h;
+        std::memcpy(start, &h, sizeof h);
+        std::memcpy(start + sizeof h, e.header->op_in, op_len);
+        fuse_buf buf{};
+        buf.size = h.len;
+        buf.mem = start;
+        t_entry = &e;
+        fuse_session_process_buf(cfg_.session, &buf);
+        t_entry = nullptr;
+        if (!e.replied) {
+          Log()->error("io_uring: request {} (opcode {}) got no reply",
+                       h.unique, h.opcode);
+          ReplyError(e, -EIO);
+        }
+      }
+      served_.fetch_add(1, std::memory_order_relaxed);
+      command(kabi::kCommitAndFetch, h.unique);
+    }
+  }
+  // Answers still queued go out before the ring goes; tearing the ring
+  // down cancels the entry's pending fetch.
+  (void)io_uring_submit(&ring);
+  io_uring_queue_exit(&ring);
+  ::munmap(mem, map_len);
+}
+
+}  // namespace agentvfs::fuse
