@@ -6,6 +6,7 @@
 // itself), many processes on both CPUs at once, and a clean unmount. The
 // conformance suite runs through the ring too (FuseUring, StoreFuseUring).
 #include <fcntl.h>
+#include <signal.h>
 #include <sys/stat.h>
 #include <sys/statvfs.h>
 #include <sys/wait.h>
@@ -198,6 +199,34 @@ TEST_F(UringTest, FusermountUnmountsCleanly) {
   EXPECT_EQ(view_->Stop(), 0);
   EXPECT_FALSE(testing::MountedView::IsMounted(MountPoint()));
   EXPECT_EQ(ReadFile(Host("f")).value_or("(unreadable)"), "x");
+}
+
+// kill -9 of a daemon with rings registered leaves the same dead mount as
+// without them, which `fusermount3 -u` clears; the next mount works.
+TEST_F(UringTest, KilledDaemonLeavesAMountThatFusermountClears) {
+  ASSERT_TRUE(Mount({"--io-uring"}));
+  ASSERT_TRUE(WriteFile(View("f"), "kept"));
+  ASSERT_EQ(kill(view_->pid(), SIGKILL), 0);
+  siginfo_t info{};
+  ASSERT_EQ(waitid(P_PID, view_->pid(), &info, WEXITED | WNOWAIT), 0)
+      << std::strerror(errno);
+  // Until the kernel has finished tearing the dead daemon's rings down (it
+  // does so asynchronously), a request can still be handed to a ring and
+  // fail with ECANCELED or ECONNABORTED; then the mount is dead as without
+  // rings: ENOTCONN.
+  int err = 0;
+  for (int i = 0; i < 500; ++i) {
+    err = OpenErrno(View("f"), O_RDONLY);
+    if (err != ECANCELED && err != ECONNABORTED) break;
+    usleep(10000);
+  }
+  EXPECT_ERRNO_EQ(err, ENOTCONN);
+  ASSERT_EQ(system(("fusermount3 -u '" + MountPoint() + "'").c_str()), 0);
+  EXPECT_FALSE(testing::MountedView::IsMounted(MountPoint()));
+  EXPECT_EQ(view_->Stop(), 128 + SIGKILL);
+  view_.reset();
+  ASSERT_TRUE(Mount({"--io-uring"}));
+  EXPECT_EQ(ReadFile(View("f")).value_or("(unreadable)"), "kept");
 }
 
 }  // namespace

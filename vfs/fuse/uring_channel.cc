@@ -7,6 +7,7 @@
 #include <poll.h>
 #include <pthread.h>
 #include <sched.h>
+#include <signal.h>
 #include <spdlog/sinks/stdout_sinks.h>
 #include <spdlog/spdlog.h>
 #include <sys/eventfd.h>
@@ -243,6 +244,14 @@ void UringChannel::Stop() {
 }
 
 void UringChannel::Serve(unsigned qid) {
+  // Stop signals go to the thread that runs the session loop (as libfuse
+  // does for its own workers): one landing here would not wake that loop.
+  sigset_t stop_signals;
+  sigemptyset(&stop_signals);
+  for (int sig : {SIGHUP, SIGINT, SIGQUIT, SIGTERM})
+    sigaddset(&stop_signals, sig);
+  pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
+
   // Bound to the queue's CPU, the thread is woken where the requester runs.
   // A CPU outside this process's set leaves the thread unbound.
   cpu_set_t cpus;
