@@ -659,12 +659,15 @@ class FuseServer::Impl {
   std::atomic<bool> passthrough_{false};          // negotiated at INIT
   std::atomic<bool> passthrough_refused_{false};  // the kernel said EPERM
   std::atomic<bool> kernel_offers_uring_{false};
-  // FUSE over io_uring: started once INIT is answered with it (IoWritev),
-  // stopped at Teardown.
-  void StartUring();
+  // FUSE over io_uring: the rings are made before INIT's reply offers it
+  // (PrepareUring; false: not offered), the entries registered once the
+  // kernel took that reply (GoUring), and all stopped at Teardown.
+  bool PrepareUring();
+  void GoUring();
   void StopUring();
-  std::mutex uring_mu_;  // guards uring_
+  std::mutex uring_mu_;  // guards uring_, uring_stopped_
   std::unique_ptr<UringChannel> uring_;
+  bool uring_stopped_ = false;
   struct Backing {
     int32_t id;  // 0: the node's open files go through the daemon
     int opens;
@@ -764,6 +767,9 @@ constexpr unsigned long kBackingClose = _IOW(229, 2, uint32_t);
 
 thread_local int32_t t_reply_backing = 0;
 
+// Largest WRITE payload (and, as libfuse derives max_pages from it, READ).
+constexpr unsigned kMaxWrite = 1u << 20;
+
 // Sends an open's reply with `send`, marked for passthrough to `backing`
 // (0: none) by IoWritev on this thread.
 template <typename Send>
@@ -853,12 +859,16 @@ ssize_t FuseServer::Impl::IoWritev(int fd, struct iovec* iov, int count,
       const bool passthrough = self->kernel_offers_passthrough_.load() &&
                                self->options_.passthrough &&
                                !self->options_.writeback_cache;
-      const bool uring =
-          self->kernel_offers_uring_.load() && self->options_.io_uring;
-      if (self->options_.io_uring && !uring)
-        Log()->warn(
-            "the kernel does not offer FUSE over io_uring; requests stay on "
-            "/dev/fuse");
+      bool uring = false;
+      if (self->options_.io_uring) {
+        if (!self->kernel_offers_uring_.load()) {
+          Log()->warn(
+              "the kernel does not offer FUSE over io_uring; requests stay "
+              "on /dev/fuse");
+        } else {
+          uring = self->PrepareUring();
+        }
+      }
       if (passthrough || uring) {
         uint32_t flags = 0, flags2 = 0;
         MessageBytes(iov, count, sizeof h + kabi::kInitOutFlags, &flags, 4,
@@ -886,7 +896,13 @@ ssize_t FuseServer::Impl::IoWritev(int fd, struct iovec* iov, int count,
       ssize_t n = ::writev(fd, iov, count);
       // The kernel took the reply (and set up the connection) within the
       // write, so ring entries can be registered from now on.
-      if (n >= 0 && uring) self->StartUring();
+      if (uring) {
+        if (n >= 0) {
+          self->GoUring();
+        } else {
+          self->StopUring();
+        }
+      }
       return n;
     }
   }
@@ -994,7 +1010,7 @@ void OpInit(void* userdata, fuse_conn_info* conn) {
   if (self->options_.writeback_cache) want(FUSE_CAP_WRITEBACK_CACHE);
   // Locks are taken by the kernel locally; the backend does not see them.
   conn->want &= ~(FUSE_CAP_POSIX_LOCKS | FUSE_CAP_FLOCK_LOCKS);
-  conn->max_write = 1u << 20;
+  conn->max_write = kMaxWrite;
   conn->max_readahead = 1u << 20;
   conn->max_background = 64;
   conn->congestion_threshold = 48;
@@ -1813,30 +1829,37 @@ void FuseServer::Impl::Teardown() {
   FreeHandles();  // no callback can run any more
 }
 
-void FuseServer::Impl::StartUring() {
+bool FuseServer::Impl::PrepareUring() {
   std::lock_guard lock(uring_mu_);
-  if (uring_ || session_ == nullptr) return;
+  if (uring_stopped_ || uring_) return false;
   UringChannel::Config cfg;
   cfg.session = session_;
   cfg.dev_fd = fuse_session_fd(session_);
-  // The kernel wants room for its largest message: max_write (1 MiB, see
-  // OpInit) and as many pages; a page more leaves slack.
-  cfg.payload_size = (1u << 20) + 4096;
-  auto ch = UringChannel::Start(cfg);
+  // The kernel wants room for its largest message: max_write and as many
+  // pages (OpInit); a page more leaves slack.
+  cfg.payload_size = kMaxWrite + 4096;
+  auto ch = UringChannel::Prepare(cfg);
   if (!ch) {
     Log()->warn(
-        "FUSE over io_uring unavailable: {}; requests stay on "
+        "FUSE over io_uring unavailable ({}); requests stay on "
         "/dev/fuse",
         ch.error().ToString());
-    return;
+    return false;
   }
   uring_ = std::move(*ch);
+  return true;
+}
+
+void FuseServer::Impl::GoUring() {
+  std::lock_guard lock(uring_mu_);
+  if (uring_) uring_->Go();
 }
 
 void FuseServer::Impl::StopUring() {
   std::unique_ptr<UringChannel> ch;
   {
     std::lock_guard lock(uring_mu_);
+    uring_stopped_ = true;  // no channel is made after this
     ch.swap(uring_);
   }
   if (ch) ch->Stop();
