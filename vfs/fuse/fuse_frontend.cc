@@ -34,6 +34,7 @@
 #include <thread>
 #include <unordered_map>
 
+#include "vfs/fuse/fuse_abi.h"
 #include "vfs/fuse/uring_channel.h"
 
 namespace agentvfs::fuse {
@@ -46,15 +47,39 @@ using vfs::Path;
 using vfs::Result;
 using vfs::Status;
 
-namespace {
-
-std::shared_ptr<spdlog::logger> Log() {
+std::shared_ptr<spdlog::logger> FuseLog() {
   static std::shared_ptr<spdlog::logger> logger = [] {
     auto existing = spdlog::get("fuse");
     return existing ? existing : spdlog::stderr_logger_mt("fuse");
   }();
   return logger;
 }
+
+bool MessageBytes(const struct iovec* iov, int count, size_t off, void* buf,
+                  size_t n, bool write) {
+  for (int i = 0; i < count && n > 0; ++i) {
+    size_t len = iov[i].iov_len;
+    if (off >= len) {
+      off -= len;
+      continue;
+    }
+    size_t k = std::min(n, len - off);
+    char* at = static_cast<char*>(iov[i].iov_base) + off;
+    if (write) {
+      std::memmove(at, buf, k);
+    } else {
+      std::memmove(buf, at, k);
+    }
+    buf = static_cast<char*>(buf) + k;
+    n -= k;
+    off = 0;
+  }
+  return n == 0;
+}
+
+namespace {
+
+std::shared_ptr<spdlog::logger> Log() { return FuseLog(); }
 
 // Mount points in mountinfo escape space, tab, newline and backslash as \ooo.
 std::string UnescapeMountinfo(std::string_view s) {
@@ -737,17 +762,8 @@ namespace {
 // The kernel ABI pieces of FUSE passthrough (protocol 7.40, Linux 6.9),
 // which the system's headers (7.38) do not have yet.
 namespace kabi {
-struct InHeader {  // struct fuse_in_header
-  uint32_t len, opcode;
-  uint64_t unique, nodeid;
-  uint32_t uid, gid, pid;
-  uint16_t total_extlen, padding;
-};
-struct OutHeader {  // struct fuse_out_header
-  uint32_t len;
-  int32_t error;
-  uint64_t unique;
-};
+using abi::InHeader;
+using abi::OutHeader;
 constexpr uint32_t kOpInit = 26;
 constexpr uint32_t kInitExt = 1u << 30;          // FUSE_INIT_EXT
 constexpr uint32_t kPassthroughFlag2 = 1u << 5;  // FUSE_PASSTHROUGH >> 32
@@ -789,29 +805,6 @@ ssize_t SpliceReply(int in, off_t* in_off, int out, off_t* out_off, size_t len,
                     unsigned flags, void* userdata) {
   if (auto n = UringChannel::CaptureSplice(in, len)) return *n;
   return Splice(in, in_off, out, out_off, len, flags, userdata);
-}
-
-// Copies `n` bytes at offset `off` of the message in `iov` to or from `buf`.
-bool MessageBytes(struct iovec* iov, int count, size_t off, void* buf, size_t n,
-                  bool write) {
-  for (int i = 0; i < count && n > 0; ++i) {
-    size_t len = iov[i].iov_len;
-    if (off >= len) {
-      off -= len;
-      continue;
-    }
-    size_t k = std::min(n, len - off);
-    char* at = static_cast<char*>(iov[i].iov_base) + off;
-    if (write) {
-      std::memcpy(at, buf, k);
-    } else {
-      std::memcpy(buf, at, k);
-    }
-    buf = static_cast<char*>(buf) + k;
-    n -= k;
-    off = 0;
-  }
-  return n == 0;
 }
 
 }  // namespace

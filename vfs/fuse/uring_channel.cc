@@ -9,7 +9,6 @@
 #include <pthread.h>
 #include <sched.h>
 #include <signal.h>
-#include <spdlog/sinks/stdout_sinks.h>
 #include <spdlog/spdlog.h>
 #include <sys/eventfd.h>
 #include <sys/mman.h>
@@ -22,35 +21,18 @@
 #include <fstream>
 #include <string>
 
+#include "vfs/fuse/fuse_abi.h"
+
 namespace agentvfs::fuse {
 namespace {
 
-std::shared_ptr<spdlog::logger> Log() {
-  static std::shared_ptr<spdlog::logger> logger = [] {
-    auto existing = spdlog::get("fuse");
-    return existing ? existing : spdlog::stderr_logger_mt("fuse");
-  }();
-  return logger;
-}
+std::shared_ptr<spdlog::logger> Log() { return FuseLog(); }
 
 // The kernel's FUSE-over-io_uring ABI (linux/fuse.h 7.42), which Debian 12's
 // kernel headers predate.
 namespace kabi {
-struct InHeader {  // struct fuse_in_header
-  uint32_t len;
-  uint32_t opcode;
-  uint64_t unique;
-  uint64_t nodeid;
-  uint32_t uid, gid, pid;
-  uint16_t total_extlen;
-  uint16_t padding;
-};
-static_assert(sizeof(InHeader) == 40);
-struct OutHeader {  // struct fuse_out_header
-  uint32_t len;
-  int32_t error;
-  uint64_t unique;
-};
+using abi::InHeader;
+using abi::OutHeader;
 struct EntInOut {  // struct fuse_uring_ent_in_out
   uint64_t flags;
   uint64_t commit_id;
@@ -93,23 +75,6 @@ struct Entry {
   std::atomic<uint64_t>* spliced = nullptr;  // the channel's counter
 };
 thread_local Entry* t_entry = nullptr;
-
-// Copies `n` bytes from offset `off` of the message in `iov` to `out`.
-void Gather(const struct iovec* iov, int count, size_t off, char* out,
-            size_t n) {
-  for (int i = 0; i < count && n > 0; ++i) {
-    size_t len = iov[i].iov_len;
-    if (off >= len) {
-      off -= len;
-      continue;
-    }
-    size_t k = std::min(n, len - off);
-    std::memmove(out, static_cast<const char*>(iov[i].iov_base) + off, k);
-    out += k;
-    n -= k;
-    off = 0;
-  }
-}
 
 bool ReadFull(int fd, char* out, size_t n) {
   while (n > 0) {
@@ -176,7 +141,7 @@ std::optional<ssize_t> UringChannel::CaptureReply(const struct iovec* iov,
   for (int i = 0; i < count; ++i) total += iov[i].iov_len;
   kabi::OutHeader h{};
   if (total < sizeof h) return std::nullopt;
-  Gather(iov, count, 0, reinterpret_cast<char*>(&h), sizeof h);
+  MessageBytes(iov, count, 0, &h, sizeof h, false);
   // A notification (unique 0) sent while serving goes to /dev/fuse.
   if (h.unique != e->unique) return std::nullopt;
   if (e->replied || total - sizeof h > e->payload_size) {
@@ -184,7 +149,7 @@ std::optional<ssize_t> UringChannel::CaptureReply(const struct iovec* iov,
     return -1;
   }
   std::memcpy(e->header->in_out, &h, sizeof h);
-  Gather(iov, count, sizeof h, e->payload, total - sizeof h);
+  MessageBytes(iov, count, sizeof h, e->payload, total - sizeof h, false);
   e->header->ent.payload_sz = static_cast<uint32_t>(total - sizeof h);
   e->replied = true;
   return static_cast<ssize_t>(total);
