@@ -87,12 +87,17 @@ bool ReadFull(int fd, char* out, size_t n) {
   return true;
 }
 
+// Marks the entry answered by header `h`, its `payload` bytes already in
+// the payload buffer.
+void StoreReply(Entry& e, const kabi::OutHeader& h, size_t payload) {
+  std::memcpy(e.header->in_out, &h, sizeof h);
+  e.header->ent.payload_sz = static_cast<uint32_t>(payload);
+  e.replied = true;
+}
+
 // Answers the entry's request with `err` (negative errno) and no data.
 void ReplyError(Entry& e, int err) {
-  kabi::OutHeader h{sizeof(kabi::OutHeader), err, e.unique};
-  std::memcpy(e.header->in_out, &h, sizeof h);
-  e.header->ent.payload_sz = 0;
-  e.replied = true;
+  StoreReply(e, {sizeof(kabi::OutHeader), err, e.unique}, 0);
 }
 
 // How many CPUs a list like "0-3,5" (the format of
@@ -148,10 +153,8 @@ std::optional<ssize_t> UringChannel::CaptureReply(const struct iovec* iov,
     errno = EINVAL;
     return -1;
   }
-  std::memcpy(e->header->in_out, &h, sizeof h);
   MessageBytes(iov, count, sizeof h, e->payload, total - sizeof h, false);
-  e->header->ent.payload_sz = static_cast<uint32_t>(total - sizeof h);
-  e->replied = true;
+  StoreReply(*e, h, total - sizeof h);
   return static_cast<ssize_t>(total);
 }
 
@@ -168,9 +171,7 @@ std::optional<ssize_t> UringChannel::CaptureSplice(int pipe_fd, size_t len) {
     errno = EIO;
     return -1;
   }
-  std::memcpy(e->header->in_out, &h, sizeof h);
-  e->header->ent.payload_sz = static_cast<uint32_t>(len - sizeof h);
-  e->replied = true;
+  StoreReply(*e, h, len - sizeof h);
   e->spliced->fetch_add(1, std::memory_order_relaxed);
   return static_cast<ssize_t>(len);
 }
@@ -253,10 +254,10 @@ void UringChannel::Stop() {
   }
   for (auto& t : threads_)
     if (t.joinable()) t.join();
-  bool went;
+  bool served;  // the threads ran, this is the first Stop
   {
     std::lock_guard lock(mu_);
-    went = go_;
+    served = go_ && !threads_.empty();
   }
   threads_.clear();
   if (stop_fd_ >= 0) {
@@ -267,18 +268,12 @@ void UringChannel::Stop() {
     ::close(cfg_.dev_fd);
     cfg_.dev_fd = -1;
   }
-  if (went) {
-    Stats st = GetStats();
+  if (served) {
     Log()->debug(
         "io_uring: {} requests served ({} answered EIO here), {} spliced "
         "replies, largest payload {} bytes",
-        st.served, st.failed, st.spliced, st.max_payload);
+        served_.load(), failed_.load(), spliced_.load(), max_payload_.load());
   }
-}
-
-UringChannel::Stats UringChannel::GetStats() const {
-  return Stats{served_.load(), failed_.load(), spliced_.load(),
-               max_payload_.load()};
 }
 
 void UringChannel::Serve(unsigned qid) {

@@ -66,12 +66,6 @@ class UringChannel {
     size_t payload_size = 0;  // >= the kernel's max_payload_sz
     unsigned threads_per_queue = 2;
   };
-  struct Stats {
-    uint64_t served = 0;       // requests answered through the rings
-    uint64_t failed = 0;       // of those, answered EIO by the channel itself
-    uint64_t spliced = 0;      // replies libfuse spliced, read into an entry
-    uint64_t max_payload = 0;  // largest request payload seen, bytes
-  };
   // Number of queues the kernel keeps: one per possible CPU.
   static unsigned QueueCount();
   // Starts the threads and waits until each has its ring and buffers; an
@@ -85,8 +79,6 @@ class UringChannel {
   void Go();
   // Wakes and joins every thread. Idempotent.
   void Stop();
-
-  Stats GetStats() const;
 
   // True on a channel thread while it runs a request.
   static bool InRingThread();
@@ -114,6 +106,9 @@ class UringChannel {
   unsigned ready_ = 0, failed_threads_ = 0;
   std::string first_failure_;
   bool go_ = false, stopping_ = false;
+  // Logged at Stop (with --debug): requests answered through the rings, of
+  // those answered EIO by the channel itself, replies libfuse spliced, and
+  // the largest request payload seen.
   std::atomic<uint64_t> served_{0}, failed_{0}, spliced_{0}, max_payload_{0};
   std::atomic<bool> announced_{false};
   std::vector<std::thread> threads_;
