@@ -232,7 +232,8 @@ void AddPurge(CLI::App& app, int* exit_code) {
           if (!r) return std::unexpected(r.error());
           std::cout << "purged " << path->str() << ": " << r->versions
                     << " version(s), " << r->files << " file(s), " << r->blobs
-                    << " blob(s), " << r->bytes << " byte(s) of content\n";
+                    << " stored chunk(s), " << r->bytes
+                    << " byte(s) of content\n";
           return {};
         });
   });

@@ -30,7 +30,7 @@ namespace {
 
 // Migrations in order; index + 1 is the schema version each one produces.
 // Never edit a released migration: add a new one.
-constexpr std::array<std::string_view, 3> kMigrations = {
+constexpr std::array<std::string_view, 4> kMigrations = {
     R"sql(
 CREATE TABLE meta(key TEXT PRIMARY KEY, value TEXT NOT NULL);
 CREATE TABLE inodes(
@@ -163,6 +163,18 @@ BEGIN
   INSERT INTO meta(key, value) VALUES('dirgen', '1')
     ON CONFLICT(key) DO UPDATE SET value = CAST(CAST(value AS INTEGER) + 1 AS TEXT);
 END;
+)sql",
+    // 4: small contents inline. A content whose `inline_id` is not NULL is
+    // exactly the bytes of that `inline_bytes` row (one chunk, no `chunks`
+    // or `blobs` rows); the others are as before. The bytes are in a rowid
+    // table of their own so that `contents` keeps small rows (it is keyed
+    // by random hashes, and a WITHOUT ROWID table keeps whole rows in its
+    // interior pages).
+    R"sql(
+CREATE TABLE inline_bytes(
+  id INTEGER PRIMARY KEY,
+  data BLOB NOT NULL);
+ALTER TABLE contents ADD COLUMN inline_id INTEGER;
 )sql",
 };
 

@@ -105,6 +105,18 @@ struct ContentDigest {
   int64_t stored = 0;  // bytes in non-hole chunks
 };
 
+// Contents up to this size that are not a hole are kept inline: their
+// bytes sit in the `contents` row itself, with no chunk and no blob rows.
+// Most memories are this small, and a commit of one then writes one row
+// instead of four (docs/store.md).
+constexpr int64_t kInlineMax = 64 * 1024;
+static_assert(kInlineMax <= static_cast<int64_t>(kChunkSize));
+
+bool Inline(const ContentDigest& d) {
+  return d.size > 0 && d.size <= kInlineMax && d.chunk_hashes.size() == 1 &&
+         !d.chunk_hashes[0].empty();
+}
+
 class Sha256 {
  public:
   Sha256() : ctx_(EVP_MD_CTX_new()) {
@@ -532,30 +544,57 @@ class StoreBackend::Impl {
   }
 
   // --- content ---------------------------------------------------------
-  // Writes the content `hash` into `fd` from offset 0.
+  // Where the bytes of a content are: inline in its row, or in chunks.
+  struct Layout {
+    bool found = false;  // false: no such content (purged)
+    int64_t size = 0;
+    std::optional<std::string> inline_data;
+    std::vector<std::pair<int64_t, int64_t>> blobs;  // (blob id or 0, size)
+  };
+
+  static Status LoadLayout(Txn& txn, const std::string& hash, Layout& out) {
+    out = Layout{};
+    auto rows = txn.Query(
+        "SELECT c.size, c.inline_id, i.data FROM contents c "
+        "LEFT JOIN inline_bytes i ON i.id = c.inline_id WHERE c.hash = ?",
+        {hash});
+    if (!rows) return std::unexpected(rows.error());
+    if (rows->empty()) return {};
+    Row& r = (*rows)[0];
+    if (!IsNull(r[1]) && IsNull(r[2])) return {};  // its bytes are gone
+    out.found = true;
+    out.size = AsInt(r[0]);
+    if (!IsNull(r[1])) {
+      out.inline_data = AsText(r[2]);
+      return {};
+    }
+    auto chunks = txn.Query(
+        "SELECT c.blob, COALESCE(b.size, 0) FROM chunks c "
+        "LEFT JOIN blobs b ON b.id = c.blob WHERE c.content = ? "
+        "ORDER BY c.seq",
+        {hash});
+    if (!chunks) return std::unexpected(chunks.error());
+    for (const auto& c : *chunks)
+      out.blobs.emplace_back(AsInt(c[0]), AsInt(c[1]));
+    return {};
+  }
+
+  // Writes the content `hash` into `draft` from offset 0.
   Status CopyContentTo(const std::string& hash, Draft& draft) {
     if (hash.empty()) return {};
-    std::vector<std::pair<int64_t, int64_t>> blobs;  // (id, size)
-    TRY(engine_.Read([&](Txn& txn) -> Status {
-      auto rows = txn.Query(
-          "SELECT c.blob, COALESCE(b.size, 0) FROM chunks c "
-          "LEFT JOIN blobs b ON b.id = c.blob WHERE c.content = ? "
-          "ORDER BY c.seq",
-          {hash});
-      if (!rows) return std::unexpected(rows.error());
-      for (const auto& r : *rows) blobs.emplace_back(AsInt(r[0]), AsInt(r[1]));
-      return {};
-    }));
+    Layout layout;
+    TRY(engine_.Read(
+        [&](Txn& txn) -> Status { return LoadLayout(txn, hash, layout); }));
+    if (!layout.found) return Fail(EIO, "this content was purged");
+    if (layout.inline_data) {
+      const std::string& data = *layout.inline_data;
+      auto put = draft.Write(data.data(), data.size(), 0);
+      if (!put) return std::unexpected(put.error());
+      return draft.Truncate(layout.size);
+    }
     std::string buf;
     off_t off = 0;
-    int64_t total = 0;
-    TRY(engine_.Read([&](Txn& txn) -> Status {
-      auto rows = txn.Query("SELECT size FROM contents WHERE hash = ?", {hash});
-      if (!rows) return std::unexpected(rows.error());
-      if (!rows->empty()) total = AsInt((*rows)[0][0]);
-      return {};
-    }));
-    for (auto [id, size] : blobs) {
+    for (auto [id, size] : layout.blobs) {
       if (id == 0) {  // a hole stays a hole
         off += static_cast<off_t>(kChunkSize);
         continue;
@@ -571,16 +610,34 @@ class StoreBackend::Impl {
       if (!put) return std::unexpected(put.error());
       off += size;
     }
-    return draft.Truncate(total);
+    return draft.Truncate(layout.size);
   }
 
-  // Stores the draft's content inside `txn` (the chunks not stored yet)
-  // and counts one more version referring to it.
+  // Stores the draft's content inside `txn` (inline, or the chunks not
+  // stored yet) and counts one more version referring to it.
   Status StoreContent(Txn& txn, const Draft* draft, const ContentDigest& d) {
     auto known = txn.Exec("UPDATE contents SET refs = refs + 1 WHERE hash = ?",
                           {d.hash});
     if (!known) return std::unexpected(known.error());
     if (*known > 0) return {};
+    if (Inline(d)) {
+      // The bytes in one row of inline_bytes, the content pointing at it.
+      std::string buf(static_cast<size_t>(d.size), '\0');
+      TRY_ASSIGN(got, draft->Read(buf.data(), buf.size(), 0));
+      if (got != buf.size()) {
+        return Fail(EIO, "the draft changed while it was committed");
+      }
+      auto id =
+          txn.Query("INSERT INTO inline_bytes(data) VALUES(?) RETURNING id",
+                    {Bytes{std::move(buf)}});
+      if (!id) return std::unexpected(id.error());
+      auto ins = txn.Exec(
+          "INSERT INTO contents(hash, size, chunks, refs, inline_id) "
+          "VALUES(?, ?, 1, 1, ?)",
+          {d.hash, d.size, AsInt((*id)[0][0])});
+      if (!ins) return std::unexpected(ins.error());
+      return {};
+    }
     std::string buf;
     int64_t off = 0;
     for (size_t i = 0; i < d.chunk_hashes.size(); ++i) {
@@ -863,6 +920,12 @@ class StoreFile final : public vfs::FileHandle {
 
   Result<size_t> Read(void* buf, size_t size, off_t offset) override {
     if (!can_read_) return Fail(EBADF, "file not open for reading");
+    // Reads of one handle may run at once (several FUSE threads): what the
+    // handle reads is taken under the node's lock, and the layout, once
+    // loaded, is shared and never changed.
+    std::string content;
+    int64_t content_size = 0;
+    std::shared_ptr<const StoreBackend::Impl::Layout> layout;
     {
       std::lock_guard lock(node_->mu);
       if (node_->draft) return node_->draft->Read(buf, size, offset);
@@ -870,10 +933,31 @@ class StoreFile final : public vfs::FileHandle {
         version_ = node_->committed_version;
         content_ = node_->committed_content;
         size_ = node_->committed_size;
-        blobs_.clear();
+        layout_.reset();
       }
+      content = content_;
+      content_size = size_;
+      layout = layout_;
     }
-    return ReadCommitted(static_cast<char*>(buf), size, offset);
+    if (offset >= content_size || content.empty()) return size_t{0};
+    if (!layout) {
+      auto loaded = std::make_shared<StoreBackend::Impl::Layout>();
+      TRY(impl_.engine_.Read([&](Txn& txn) -> Status {
+        return StoreBackend::Impl::LoadLayout(txn, content, *loaded);
+      }));
+      if (!loaded->found) return Fail(EIO, "this content was purged");
+      if (!loaded->inline_data &&
+          loaded->blobs.size() !=
+              static_cast<size_t>((content_size + kChunkSize - 1) /
+                                  kChunkSize)) {
+        return Fail(EIO, "stored content of " + node_->path + " is incomplete");
+      }
+      layout = loaded;
+      std::lock_guard lock(node_->mu);
+      if (content_ == content && !layout_) layout_ = layout;
+    }
+    return ReadCommitted(static_cast<char*>(buf), size, offset, content_size,
+                         *layout);
   }
 
   Result<size_t> Write(const void* buf, size_t size, off_t offset) override {
@@ -1033,38 +1117,31 @@ class StoreFile final : public vfs::FileHandle {
     });
   }
 
-  Result<size_t> ReadCommitted(char* buf, size_t size, off_t offset) {
-    if (offset >= size_ || content_.empty()) return size_t{0};
-    size = static_cast<size_t>(std::min<int64_t>(size, size_ - offset));
-    if (blobs_.empty()) {
-      TRY(impl_.engine_.Read([&](Txn& txn) -> Status {
-        auto rows = txn.Query(
-            "SELECT c.blob, COALESCE(b.size, 0) FROM chunks c "
-            "LEFT JOIN blobs b ON b.id = c.blob WHERE c.content = ? "
-            "ORDER BY c.seq",
-            {content_});
-        if (!rows) return std::unexpected(rows.error());
-        for (const auto& r : *rows)
-          blobs_.emplace_back(AsInt(r[0]), AsInt(r[1]));
-        return {};
-      }));
-      if (blobs_.empty()) return Fail(EIO, "this content was purged");
-      if (blobs_.size() !=
-          static_cast<size_t>((size_ + kChunkSize - 1) / kChunkSize)) {
-        return Fail(EIO, "stored content of " + node_->path + " is incomplete");
-      }
+  // Reads committed bytes of a content of `content_size` bytes laid out as
+  // `layout`.
+  Result<size_t> ReadCommitted(char* buf, size_t size, off_t offset,
+                               int64_t content_size,
+                               const StoreBackend::Impl::Layout& layout) {
+    size = static_cast<size_t>(std::min<int64_t>(size, content_size - offset));
+    if (layout.inline_data) {
+      const std::string& data = *layout.inline_data;
+      if (offset >= static_cast<off_t>(data.size())) return size_t{0};
+      size = std::min(size, data.size() - static_cast<size_t>(offset));
+      std::memcpy(buf, data.data() + offset, size);
+      return size;
     }
+    const auto& blobs = layout.blobs;
     size_t done = 0;
     TRY(impl_.engine_.Read([&](Txn& txn) -> Status {
       while (done < size) {
         int64_t pos = offset + static_cast<int64_t>(done);
         size_t idx =
             static_cast<size_t>(pos / static_cast<int64_t>(kChunkSize));
-        if (idx >= blobs_.size()) break;
+        if (idx >= blobs.size()) break;
         size_t in = static_cast<size_t>(pos % static_cast<int64_t>(kChunkSize));
-        if (blobs_[idx].first == 0) {  // a hole
+        if (blobs[idx].first == 0) {  // a hole
           size_t chunk_end = std::min<int64_t>(
-              static_cast<int64_t>((idx + 1) * kChunkSize), size_);
+              static_cast<int64_t>((idx + 1) * kChunkSize), content_size);
           size_t want =
               std::min(size - done, chunk_end - static_cast<size_t>(pos));
           memset(buf + done, 0, want);
@@ -1072,8 +1149,8 @@ class StoreFile final : public vfs::FileHandle {
           continue;
         }
         size_t want =
-            std::min(size - done, static_cast<size_t>(blobs_[idx].second) - in);
-        auto n = txn.ReadBlob("blobs", "data", blobs_[idx].first, buf + done,
+            std::min(size - done, static_cast<size_t>(blobs[idx].second) - in);
+        auto n = txn.ReadBlob("blobs", "data", blobs[idx].first, buf + done,
                               want, in);
         if (!n) return std::unexpected(n.error());
         if (*n == 0) break;
@@ -1094,7 +1171,8 @@ class StoreFile final : public vfs::FileHandle {
   std::string content_;
   int64_t size_;
   int64_t version_;
-  std::vector<std::pair<int64_t, int64_t>> blobs_;  // (blob id, size)
+  // Where content_'s bytes are, once read (guarded by node_->mu).
+  std::shared_ptr<const StoreBackend::Impl::Layout> layout_;
   // What the creating transaction wrote, when this handle made the file.
   std::optional<vfs::Attr> attrs_at_open_;
 };
@@ -1921,10 +1999,22 @@ Result<PurgeReport> StoreBackend::Purge(const Caller& c, const Path& path,
     // more goes, and so do chunks nobody shares.
     for (const auto& h : hashes) {
       auto left = txn.Query(
-          "UPDATE contents SET refs = refs - 1 WHERE hash = ? RETURNING refs",
+          "UPDATE contents SET refs = refs - 1 WHERE hash = ? "
+          "RETURNING refs, inline_id",
           {h});
       if (!left) return std::unexpected(left.error());
       if (left->empty() || AsInt((*left)[0][0]) > 0) continue;
+      if (!IsNull((*left)[0][1])) {  // inline: one row of bytes
+        auto di = txn.Query(
+            "DELETE FROM inline_bytes WHERE id = ? RETURNING length(data)",
+            {AsInt((*left)[0][1])});
+        if (!di) return std::unexpected(di.error());
+        auto dd = txn.Exec("DELETE FROM contents WHERE hash = ?", {h});
+        if (!dd) return std::unexpected(dd.error());
+        report.blobs += static_cast<int64_t>(di->size());
+        if (!di->empty()) report.bytes += AsInt((*di)[0][0]);
+        continue;
+      }
       auto blobs = txn.Query(
           "SELECT blob FROM chunks WHERE content = ? AND blob != 0", {h});
       if (!blobs) return std::unexpected(blobs.error());

@@ -80,7 +80,7 @@ struct VersionInfo {
 struct PurgeReport {
   int64_t versions = 0;
   int64_t files = 0;
-  int64_t blobs = 0;
+  int64_t blobs = 0;  // stored chunks removed (blobs, inline contents)
   int64_t bytes = 0;
 };
 
