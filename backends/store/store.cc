@@ -1956,20 +1956,20 @@ Result<PurgeReport> StoreBackend::Purge(const Caller& c, const Path& path,
         {path.str(), current});
     if (!earlier) return std::unexpected(earlier.error());
     for (const auto& r : *earlier) inos.push_back(AsInt(r[0]));
-    std::vector<std::string> hashes;
+    // (content, versions of it going): each version holds one reference.
+    std::vector<std::pair<std::string, int64_t>> refs_gone;
     for (int64_t ino : inos) {
       TRY_ASSIGN(inode, LoadInode(txn, ino));
       bool keep = keep_current && inode && !inode->deleted;
       auto old = txn.Query(
-          keep
-              ? "SELECT DISTINCT content FROM versions WHERE ino = ? AND n < ? "
-                "AND content IS NOT NULL"
-              : "SELECT DISTINCT content FROM versions WHERE ino = ? AND ? >= "
-                "0 "
-                "AND content IS NOT NULL",
+          keep ? "SELECT content, COUNT(*) FROM versions WHERE ino = ? AND "
+                 "n < ? AND content IS NOT NULL GROUP BY content"
+               : "SELECT content, COUNT(*) FROM versions WHERE ino = ? AND "
+                 "? >= 0 AND content IS NOT NULL GROUP BY content",
           {ino, inode ? inode->version : int64_t{0}});
       if (!old) return std::unexpected(old.error());
-      for (const auto& r : *old) hashes.push_back(AsText(r[0]));
+      for (const auto& r : *old)
+        refs_gone.emplace_back(AsText(r[0]), AsInt(r[1]));
       auto del =
           txn.Exec(keep ? "DELETE FROM versions WHERE ino = ? AND n < ?"
                         : "DELETE FROM versions WHERE ino = ? AND ? >= 0",
@@ -1997,11 +1997,11 @@ Result<PurgeReport> StoreBackend::Purge(const Caller& c, const Path& path,
     }
     // One reference less per version gone; content nobody refers to any
     // more goes, and so do chunks nobody shares.
-    for (const auto& h : hashes) {
+    for (const auto& [h, gone] : refs_gone) {
       auto left = txn.Query(
-          "UPDATE contents SET refs = refs - 1 WHERE hash = ? "
+          "UPDATE contents SET refs = refs - ? WHERE hash = ? "
           "RETURNING refs, inline_id",
-          {h});
+          {gone, h});
       if (!left) return std::unexpected(left.error());
       if (left->empty() || AsInt((*left)[0][0]) > 0) continue;
       if (!IsNull((*left)[0][1])) {  // inline: one row of bytes

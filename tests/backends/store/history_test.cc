@@ -393,6 +393,25 @@ TEST_P(HistoryTest, SmallContentsAreKeptInlineInTheirRow) {
   EXPECT_EQ(Get(dev_, dir + "small"), small);
 }
 
+TEST_P(HistoryTest, PurgeErasesContentThatSeveralVersionsShared) {
+  // Versions 1 and 3 hold the same bytes: two references to one content.
+  const std::string secret = "SECRET-" + std::string(500, 'r') + "-END";
+  ASSERT_OK(Put(dev_, kFile, secret));
+  ASSERT_OK(Put(dev_, kFile, "between\n"));
+  ASSERT_OK(Put(dev_, kFile, secret));
+  std::string hash = CurrentHash(kFile);
+  ASSERT_OK(Put(dev_, kFile, "kept\n"));
+  ASSERT_OK_AND_ASSIGN(auto report, backend_->Purge(admin_, P(kFile), true));
+  EXPECT_EQ(report.versions, 3);
+  EXPECT_EQ(Count("SELECT COUNT(*) FROM contents WHERE hash = '" + hash + "'"),
+            0)
+      << "a content that two purged versions held is still stored";
+  std::string where;
+  EXPECT_EQ(StoreBytes(&where).find("SECRET-"), std::string::npos)
+      << "purged content is still in the database files: " << where;
+  EXPECT_EQ(Get(dev_, kFile), "kept\n");
+}
+
 TEST_P(HistoryTest, ConcurrentFirstReadsOfOneHandleAgree) {
   std::string small(5000, '\0'), big((1 << 20) + 4096, '\0');
   for (size_t i = 0; i < small.size(); ++i) small[i] = static_cast<char>(i * 7);
