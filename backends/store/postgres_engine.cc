@@ -182,6 +182,11 @@ ALTER TABLE contents ADD COLUMN inline_id BIGINT;
 )sql",
 };
 
+// From this schema on, stored data reads differently (as the SQLite
+// engine's kLayoutChange): the migration to it waits until no other agentvfs
+// session is connected to the database.
+constexpr int kLayoutChange = 3;
+
 // Advisory lock keys (any constants unlikely to clash with other users of
 // the database): one serialises write transactions, one migrations.
 constexpr int64_t kWriteLock = 0x61767366'77726974;    // "avsfwrit"
@@ -769,6 +774,31 @@ class PostgresEngine final : public Engine {
                                      "); upgrade agentvfs");
       }
       if (current >= target) continue;
+      if (target == kLayoutChange && current >= 1) {
+        // Other agentvfs sessions, except those waiting for the migration
+        // lock (they check the version once they have it).
+        auto others = writer_.Query(
+            "SELECT COUNT(*), COALESCE(string_agg(DISTINCT "
+            "COALESCE(host(client_addr), 'local'), ', '), '') "
+            "FROM pg_stat_activity WHERE datname = current_database() AND "
+            "pid <> pg_backend_pid() AND application_name = 'agentvfs' AND "
+            "NOT (wait_event_type = 'Lock' AND wait_event = 'advisory')",
+            {});
+        if (!others) return std::unexpected(others.error());
+        if (int64_t n = AsInt((*others)[0][0]); n > 0) {
+          return vfs::Fail(
+              EBUSY, shown_ + " needs a schema upgrade (" +
+                         std::to_string(current) + " to " +
+                         std::to_string(target) +
+                         ": small files stored inline) that older agentvfs "
+                         "versions cannot read, and " +
+                         std::to_string(n) +
+                         " other agentvfs session(s) are connected (from " +
+                         AsText((*others)[0][1]) +
+                         "). Stop every agentvfs mount and command using this "
+                         "store, then run this again; nothing was changed");
+        }
+      }
       auto ok = writer_.Run("BEGIN");
       // A new store's version table comes with its first migration: a
       // failed first migration leaves the database as it was.

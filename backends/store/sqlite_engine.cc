@@ -8,16 +8,23 @@
 #include <fcntl.h>
 #include <sqlite3.h>
 #include <sys/stat.h>
+#include <sys/sysmacros.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <array>
 #include <atomic>
 #include <chrono>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <map>
 #include <mutex>
+#include <sstream>
 #include <thread>
+#include <vector>
 
 #include "backends/store/engine.h"
 #include "backends/store/namespace.h"
@@ -178,8 +185,66 @@ ALTER TABLE contents ADD COLUMN inline_id INTEGER;
 )sql",
 };
 
+// From this schema on, stored data reads differently: an older agentvfs
+// still running on the store would misread it (migration 4: an inline
+// content looks purged to it). So the migration to it waits until no other
+// process has the store open.
+constexpr int kLayoutChange = 4;
+
 constexpr size_t kReaders = 4;
 constexpr int kBusyTimeoutMs = 30'000;
+
+// Processes other than this one that have the database at `path` open.
+// Every SQLite connection in WAL mode holds a shared lock on byte 128 of
+// the -shm file (os_unix.c: UNIX_SHM_DMS) for as long as it is open. They
+// are read from /proc/locks: opening and closing the -shm file here would
+// drop this process's own POSIX locks on it.
+std::vector<pid_t> OtherProcessesWithOpen(const std::string& path) {
+  std::vector<pid_t> out;
+  struct stat st;
+  if (::stat((path + "-shm").c_str(), &st) != 0) return out;
+  std::ifstream locks("/proc/locks");
+  std::string line;
+  while (std::getline(locks, line)) {
+    // "1: POSIX  ADVISORY  READ 1234 fd:01:5678 128 128" (waiters: "1: ->")
+    std::istringstream in(line);
+    std::string id, kind, mode, type, file, start, end;
+    long pid = 0;
+    if (!(in >> id >> kind >> mode >> type >> pid >> file >> start >> end)) {
+      continue;
+    }
+    if (kind != "POSIX" || pid <= 0 || pid == ::getpid()) continue;
+    unsigned major_dev = 0, minor_dev = 0;
+    unsigned long long ino = 0;
+    if (std::sscanf(file.c_str(), "%x:%x:%llu", &major_dev, &minor_dev, &ino) !=
+            3 ||
+        major_dev != major(st.st_dev) || minor_dev != minor(st.st_dev) ||
+        ino != st.st_ino) {
+      continue;
+    }
+    long long first = std::atoll(start.c_str());
+    bool to_eof = end == "EOF";
+    long long last = to_eof ? 0 : std::atoll(end.c_str());
+    if (first <= 128 && (to_eof || last >= 128) &&
+        std::find(out.begin(), out.end(), pid) == out.end()) {
+      out.push_back(static_cast<pid_t>(pid));
+    }
+  }
+  return out;
+}
+
+// "1234 (agentvfs), 5678 (sqlite3)"
+std::string DescribePids(const std::vector<pid_t>& pids) {
+  std::string out;
+  for (pid_t pid : pids) {
+    std::ifstream comm("/proc/" + std::to_string(pid) + "/comm");
+    std::string name;
+    std::getline(comm, name);
+    out += (out.empty() ? "" : ", ") + std::to_string(pid) +
+           (name.empty() ? "" : " (" + name + ")");
+  }
+  return out;
+}
 
 vfs::Error FromSqlite(sqlite3* db, int rc, std::string_view what) {
   std::string msg = std::string(what) + ": " +
@@ -418,6 +483,21 @@ class SqliteEngine final : public Engine {
       if (current >= target) {
         (void)writer_->Run("ROLLBACK");
         continue;
+      }
+      if (target == kLayoutChange && current >= 1) {
+        if (auto others = OtherProcessesWithOpen(path_); !others.empty()) {
+          (void)writer_->Run("ROLLBACK");
+          return vfs::Fail(
+              EBUSY, path_ + " needs a schema upgrade (" +
+                         std::to_string(current) + " to " +
+                         std::to_string(target) +
+                         ": small files stored inline) that older agentvfs "
+                         "processes cannot read, and other processes have it "
+                         "open: " +
+                         DescribePids(others) +
+                         ". Stop them (mounts, `agentvfs` commands), then run "
+                         "this again; nothing was changed");
+        }
       }
       auto ok = writer_->Run(kMigrations[v]);
       if (ok)

@@ -6,10 +6,12 @@
 #include <fcntl.h>
 #include <openssl/evp.h>
 #include <sqlite3.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <atomic>
 #include <chrono>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <future>
@@ -563,6 +565,58 @@ TEST_P(OldLayoutTest, ChunkedSmallContentsReadAndAreSharedAfterTheUpgrade) {
             0);
 }
 
+TEST_P(OldLayoutTest, TheUpgradeWaitsUntilNoOtherProcessHasTheStoreOpen) {
+  ASSERT_OK(Put(dev_, kFile, "before the upgrade\n"));
+  ASSERT_NO_FATAL_FAILURE(Downgrade(/*reopen=*/false));
+  // Another process with the store open, as an older agentvfs would have.
+  int ready[2], done[2];
+  ASSERT_EQ(pipe(ready), 0);
+  ASSERT_EQ(pipe(done), 0);
+  pid_t pid = fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    close(ready[0]);
+    close(done[1]);
+    sqlite3* db = nullptr;
+    if (sqlite3_open_v2(fixture_->db().c_str(), &db, SQLITE_OPEN_READWRITE,
+                        nullptr) != SQLITE_OK ||
+        sqlite3_exec(db, "SELECT COUNT(*) FROM inodes", nullptr, nullptr,
+                     nullptr) != SQLITE_OK) {
+      _exit(2);
+    }
+    (void)!write(ready[1], "r", 1);
+    char byte;
+    while (read(done[0], &byte, 1) < 0 && errno == EINTR) {
+    }
+    sqlite3_close(db);
+    _exit(0);
+  }
+  close(ready[1]);
+  close(done[0]);
+  char byte = 0;
+  ASSERT_EQ(read(ready[0], &byte, 1), 1)
+      << "the other process did not open the store";
+  auto refused = Engine::Open(fixture_->db(), false);
+  close(done[1]);  // the other process closes the store and ends
+  int status = 0;
+  ASSERT_EQ(waitpid(pid, &status, 0), pid);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+  ASSERT_FALSE(refused.has_value())
+      << "upgraded while another process had it open";
+  EXPECT_EQ(refused.error().code, EBUSY);
+  EXPECT_NE(refused.error().message.find(std::to_string(pid)),
+            std::string::npos)
+      << refused.error().message;
+  EXPECT_NE(refused.error().message.find("nothing was changed"),
+            std::string::npos)
+      << refused.error().message;
+  // Alone, the upgrade goes through.
+  backend_ = fixture_->OpenBackend();
+  ASSERT_NE(backend_, nullptr);
+  EXPECT_GE(backend_->engine().SchemaVersion(), 4);
+  EXPECT_EQ(Get(dev_, kFile), "before the upgrade\n");
+}
+
 INSTANTIATE_TEST_SUITE_P(Sqlite, OldLayoutTest,
                          ::testing::Values(testing::StoreEngine::kSqlite),
                          [](const auto& info) {
@@ -601,6 +655,80 @@ TEST_P(PgPurgeTest, PurgeWaitsForAnotherSessionsSnapshotThenErasesInlineBytes) {
       << "purged content is still in the database files: " << where;
   EXPECT_EQ(Get(dev_, kFile), "kept\n");
 }
+
+// The same upgrade on PostgreSQL: refused while another agentvfs session
+// is connected, done once it is gone.
+class PgUpgradeTest : public HistoryTest {
+ protected:
+  // agentvfs sessions connected to the store's database.
+  int64_t AgentvfsSessions() {
+    auto n = testing::PgQuery(
+        fixture_->db(),
+        "SELECT COUNT(*) FROM pg_stat_activity WHERE datname = "
+        "current_database() AND application_name = 'agentvfs'");
+    return n ? std::atoll(n->c_str()) : -1;
+  }
+  // Waits (up to 10 s) until `n` agentvfs sessions are connected.
+  bool AwaitSessions(int64_t n) {
+    for (int i = 0; i < 200; ++i) {
+      if (AgentvfsSessions() == n) return true;
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+    return false;
+  }
+};
+
+TEST_P(PgUpgradeTest, TheUpgradeWaitsUntilNoOtherAgentvfsSessionIsConnected) {
+  const std::string bytes = "written at schema 2\n";
+  ASSERT_OK(Put(dev_, kFile, bytes));
+  backend_.reset();
+  // Back to schema 2: the inline content as one chunk and one blob.
+  ASSERT_OK(testing::PgQuery(
+      fixture_->db(),
+      "BEGIN; "
+      "INSERT INTO blobs(hash, size, refs, data) "
+      "  SELECT encode(sha256(i.data), 'hex'), length(i.data), 1, i.data "
+      "  FROM contents c JOIN inline_bytes i ON i.id = c.inline_id; "
+      "INSERT INTO chunks(content, seq, blob) "
+      "  SELECT c.hash, 0, b.id FROM contents c "
+      "  JOIN inline_bytes i ON i.id = c.inline_id "
+      "  JOIN blobs b ON b.hash = encode(sha256(i.data), 'hex'); "
+      "ALTER TABLE contents DROP COLUMN inline_id; "
+      "DROP TABLE inline_bytes; "
+      "UPDATE agentvfs_schema SET version = 2; "
+      "COMMIT"));
+  ASSERT_TRUE(AwaitSessions(0)) << "the closed backend's sessions stayed";
+  std::string uri = fixture_->db();
+  uri += (uri.find('?') == std::string::npos ? "?" : "&");
+  uri += "application_name=agentvfs";
+  auto other = std::async(std::launch::async, [uri] {
+    return testing::PgQuery(uri, "SELECT pg_sleep(2)");
+  });
+  ASSERT_TRUE(AwaitSessions(1)) << "the other session did not connect";
+  auto refused = Engine::Open(fixture_->db(), false);
+  EXPECT_OK(other.get());
+  ASSERT_FALSE(refused.has_value())
+      << "upgraded while another session was connected";
+  EXPECT_EQ(refused.error().code, EBUSY);
+  EXPECT_NE(refused.error().message.find("1 other agentvfs session"),
+            std::string::npos)
+      << refused.error().message;
+  ASSERT_TRUE(AwaitSessions(0));
+  backend_ = fixture_->OpenBackend();
+  ASSERT_NE(backend_, nullptr);
+  EXPECT_EQ(Get(dev_, kFile), bytes);
+  ASSERT_OK(Put(dev_, "/memories/users/dev/copy.md", bytes));
+  EXPECT_EQ(Count("SELECT refs FROM contents WHERE hash = '" +
+                  CurrentHash(kFile) + "'"),
+            2);
+  EXPECT_EQ(Get(dev_, "/memories/users/dev/copy.md"), bytes);
+}
+
+INSTANTIATE_TEST_SUITE_P(Postgres, PgUpgradeTest,
+                         ::testing::Values(testing::StoreEngine::kPostgres),
+                         [](const auto& info) {
+                           return testing::EngineName(info.param);
+                         });
 
 INSTANTIATE_TEST_SUITE_P(Postgres, PgPurgeTest,
                          ::testing::Values(testing::StoreEngine::kPostgres),
