@@ -8,7 +8,6 @@
 #include <fcntl.h>
 #include <sqlite3.h>
 #include <sys/stat.h>
-#include <sys/sysmacros.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -198,7 +197,10 @@ constexpr int kBusyTimeoutMs = 30'000;
 // Every SQLite connection in WAL mode holds a shared lock on byte 128 of
 // the -shm file (os_unix.c: UNIX_SHM_DMS) for as long as it is open. They
 // are read from /proc/locks: opening and closing the -shm file here would
-// drop this process's own POSIX locks on it.
+// drop this process's own POSIX locks on it. Locks are matched by inode
+// number only, since /proc/locks names the filesystem's device where stat
+// may give another (btrfs subvolumes). A holder in another PID namespace
+// shows as pid 0.
 std::vector<pid_t> OtherProcessesWithOpen(const std::string& path) {
   std::vector<pid_t> out;
   struct stat st;
@@ -213,13 +215,10 @@ std::vector<pid_t> OtherProcessesWithOpen(const std::string& path) {
     if (!(in >> id >> kind >> mode >> type >> pid >> file >> start >> end)) {
       continue;
     }
-    if (kind != "POSIX" || pid <= 0 || pid == ::getpid()) continue;
-    unsigned major_dev = 0, minor_dev = 0;
-    unsigned long long ino = 0;
-    if (std::sscanf(file.c_str(), "%x:%x:%llu", &major_dev, &minor_dev, &ino) !=
-            3 ||
-        major_dev != major(st.st_dev) || minor_dev != minor(st.st_dev) ||
-        ino != st.st_ino) {
+    if (kind != "POSIX" || pid < 0 || pid == ::getpid()) continue;
+    size_t colon = file.rfind(':');
+    if (colon == std::string::npos ||
+        std::strtoull(file.c_str() + colon + 1, nullptr, 10) != st.st_ino) {
       continue;
     }
     long long first = std::atoll(start.c_str());
@@ -237,6 +236,11 @@ std::vector<pid_t> OtherProcessesWithOpen(const std::string& path) {
 std::string DescribePids(const std::vector<pid_t>& pids) {
   std::string out;
   for (pid_t pid : pids) {
+    if (pid == 0) {
+      out += std::string(out.empty() ? "" : ", ") +
+             "a process in another PID namespace";
+      continue;
+    }
     std::ifstream comm("/proc/" + std::to_string(pid) + "/comm");
     std::string name;
     std::getline(comm, name);
