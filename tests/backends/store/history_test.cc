@@ -628,8 +628,12 @@ INSTANTIATE_TEST_SUITE_P(Sqlite, OldLayoutTest,
 class PgPurgeTest : public HistoryTest {};
 
 TEST_P(PgPurgeTest, PurgeWaitsForAnotherSessionsSnapshotThenErasesInlineBytes) {
-  const std::string secret = "SECRET-" + std::string(3000, 's') + "-END";
-  ASSERT_OK(Put(dev_, kFile, secret));
+  // Bytes over about 2 KiB go to the TOAST table, smaller ones stay in the
+  // table's own pages: one secret of each.
+  const std::string toasted = "SECRET-" + std::string(3000, 's') + "-END";
+  const std::string in_heap = "SECRET-" + std::string(500, 'h') + "-END";
+  ASSERT_OK(Put(dev_, kFile, toasted));
+  ASSERT_OK(Put(dev_, kFile, in_heap));
   ASSERT_OK(Put(dev_, kFile, "kept\n"));
   ASSERT_OK_AND_ASSIGN(auto other, Engine::Open(fixture_->db(), false));
   std::promise<void> reading;
@@ -645,8 +649,11 @@ TEST_P(PgPurgeTest, PurgeWaitsForAnotherSessionsSnapshotThenErasesInlineBytes) {
     });
   });
   reading.get_future().wait();
-  ASSERT_NE(StoreBytes().find("SECRET-"), std::string::npos)
-      << "test setup: secret stored";
+  std::string before = StoreBytes();
+  ASSERT_NE(before.find(toasted.substr(0, 200)), std::string::npos)
+      << "test setup: the large secret is stored";
+  ASSERT_NE(before.find(in_heap.substr(0, 200)), std::string::npos)
+      << "test setup: the small secret is stored";
   ASSERT_OK(backend_->Purge(admin_, P(kFile), true));
   EXPECT_OK(reader.get());
   std::string where;
