@@ -106,9 +106,9 @@ struct ContentDigest {
 };
 
 // Contents up to this size that are not a hole are kept inline: their
-// bytes sit in the `contents` row itself, with no chunk and no blob rows.
-// Most memories are this small, and a commit of one then writes one row
-// instead of four (docs/store.md).
+// bytes are one `inline_bytes` row, with no chunk and no blob rows. Most
+// memories are this small, and a commit of one then touches two small
+// B-trees instead of four (docs/store.md).
 constexpr int64_t kInlineMax = 64 * 1024;
 static_assert(kInlineMax <= static_cast<int64_t>(kChunkSize));
 

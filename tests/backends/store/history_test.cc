@@ -4,7 +4,6 @@
 // files stay recoverable until purged; purge erases the bytes from the
 // database files for good.
 #include <fcntl.h>
-#include <openssl/evp.h>
 #include <sqlite3.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -21,6 +20,7 @@
 #include <vector>
 
 #include "backends/store/admin.h"
+#include "backends/store/auth.h"
 #include "backends/store/store.h"
 #include "tests/support/pg_server.h"
 #include "tests/support/result_matchers.h"
@@ -34,19 +34,6 @@ using testing::StoreFixture;
 std::string FileBytes(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   return std::string(std::istreambuf_iterator<char>(in), {});
-}
-
-std::string Sha256Hex(const std::string& data) {
-  unsigned char md[EVP_MAX_MD_SIZE];
-  unsigned int n = 0;
-  EVP_Digest(data.data(), data.size(), md, &n, EVP_sha256(), nullptr);
-  static constexpr char kDigits[] = "0123456789abcdef";
-  std::string out;
-  for (unsigned i = 0; i < n; ++i) {
-    out.push_back(kDigits[md[i] >> 4]);
-    out.push_back(kDigits[md[i] & 0xf]);
-  }
-  return out;
 }
 
 // Runs `sql` on the SQLite database `db`; "" on success, else the error.
