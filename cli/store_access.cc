@@ -58,7 +58,8 @@ vfs::Result<std::string> ResolveToken(const StoreFlags& flags) {
   } else if (const char* env = std::getenv("AGENTVFS_TOKEN"); env && *env) {
     token = env;
   }
-  while (!token.empty() && (token.back() == '\r' || token.back() == ' ')) {
+  while (!token.empty() && (token.back() == '\r' || token.back() == '\n' ||
+                            token.back() == ' ')) {
     token.pop_back();
   }
   if (token.empty()) {
@@ -95,6 +96,9 @@ vfs::Result<StoreSession> OpenStoreAsUser(const StoreFlags& flags,
   if (!backend) return std::unexpected(backend.error());
   auto user = store::Authenticate((*backend)->engine(), *token);
   if (!user) return std::unexpected(user.error());
+  // A live session ends when its token is replaced, not only when its user
+  // is disabled.
+  (*backend)->auth().PinToken(*user, store::HashToken(*token));
   StoreSession s;
   s.backend = std::move(*backend);
   s.caller.user = *user;

@@ -141,15 +141,16 @@ std::vector<std::string> Policy::WritablePrefixes() const {
   return out;
 }
 
-vfs::Result<std::shared_ptr<const Policy>> LoadPolicy(Txn& txn,
-                                                      const std::string& user) {
+vfs::Result<std::shared_ptr<const Policy>> LoadPolicy(
+    Txn& txn, const std::string& user, std::string_view token_hash) {
   if (user.empty()) {
     return std::make_shared<const Policy>(
         user, false,
         "no agentvfs user: give a token in AGENTVFS_TOKEN or --token-file",
         std::vector<std::pair<std::string, Level>>{});
   }
-  auto users = txn.Query("SELECT disabled FROM users WHERE name = ?", {user});
+  auto users = txn.Query(
+      "SELECT disabled, token_hash FROM users WHERE name = ?", {user});
   if (!users) return std::unexpected(users.error());
   if (users->empty()) {
     return std::make_shared<const Policy>(
@@ -159,6 +160,14 @@ vfs::Result<std::shared_ptr<const Policy>> LoadPolicy(Txn& txn,
   if (AsInt((*users)[0][0]) != 0) {
     return std::make_shared<const Policy>(
         user, false, "user '" + user + "' is disabled; ask an admin",
+        std::vector<std::pair<std::string, Level>>{});
+  }
+  if (!token_hash.empty() && AsText((*users)[0][1]) != token_hash) {
+    return std::make_shared<const Policy>(
+        user, false,
+        "the token user '" + user +
+            "' signed in with was replaced (agentvfs user token); sign in "
+            "again with the new one",
         std::vector<std::pair<std::string, Level>>{});
   }
   auto rows = txn.Query(
@@ -185,9 +194,14 @@ vfs::Result<std::shared_ptr<const Policy>> AuthCache::PolicyFor(
       return it->second.policy;
     }
   }
+  std::string pin;
+  {
+    std::lock_guard lock(mu_);
+    if (auto it = pinned_.find(user); it != pinned_.end()) pin = it->second;
+  }
   std::shared_ptr<const Policy> policy;
   auto ok = engine_.Read([&](Txn& txn) -> vfs::Status {
-    auto p = LoadPolicy(txn, user);
+    auto p = LoadPolicy(txn, user, pin);
     if (!p) return std::unexpected(p.error());
     policy = std::move(*p);
     return {};
@@ -201,6 +215,12 @@ vfs::Result<std::shared_ptr<const Policy>> AuthCache::PolicyFor(
 void AuthCache::Clear() {
   std::lock_guard lock(mu_);
   cache_.clear();
+}
+
+void AuthCache::PinToken(const std::string& user, std::string token_hash) {
+  std::lock_guard lock(mu_);
+  pinned_[user] = std::move(token_hash);
+  cache_.erase(user);
 }
 
 vfs::Result<std::string> Authenticate(Engine& engine, std::string_view token) {

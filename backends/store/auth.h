@@ -90,6 +90,10 @@ class AuthCache {
   // The policy of `user`, at most ttl old. EIO when the store fails.
   vfs::Result<std::shared_ptr<const Policy>> PolicyFor(const std::string& user);
   void Clear();
+  // From now on `user` is usable here only while its token still hashes to
+  // `token_hash`: a token replaced by `agentvfs user token` stops a live
+  // mount that signed in with the old one, like a disable does.
+  void PinToken(const std::string& user, std::string token_hash);
 
  private:
   struct Entry {
@@ -100,11 +104,13 @@ class AuthCache {
   std::chrono::milliseconds ttl_;
   std::mutex mu_;  // guards cache_
   std::map<std::string, Entry, std::less<>> cache_;
+  std::map<std::string, std::string, std::less<>> pinned_;  // user -> hash
 };
 
-// Loads a policy straight from the database (no cache).
-vfs::Result<std::shared_ptr<const Policy>> LoadPolicy(Txn& txn,
-                                                      const std::string& user);
+// Loads a policy straight from the database (no cache). With a
+// `token_hash`, a user whose token no longer has that hash is not usable.
+vfs::Result<std::shared_ptr<const Policy>> LoadPolicy(
+    Txn& txn, const std::string& user, std::string_view token_hash = {});
 
 // The user a token belongs to; EACCES (with what to do) for a wrong token or
 // a disabled user.

@@ -332,6 +332,11 @@ Result<ContentDigest> DigestDraft(const Draft* draft) {
   return d;
 }
 
+std::string ParentOf(const std::string& path) {
+  auto slash = path.rfind('/');
+  return slash == 0 || slash == std::string::npos ? "/" : path.substr(0, slash);
+}
+
 }  // namespace
 
 // State of one file as open by one session: the draft shared by the
@@ -389,6 +394,11 @@ class StoreBackend::Impl {
     return c.pid != 0 ? instance_ : std::string();
   }
 
+  static std::unexpected<vfs::Error> NothingCommitted(vfs::Error e) {
+    e.message += "; nothing was committed";
+    return std::unexpected(std::move(e));
+  }
+
   // --- auth ------------------------------------------------------------
   Result<std::shared_ptr<const Policy>> PolicyOf(const Caller& c) {
     TRY_ASSIGN(policy, auth_.PolicyFor(c.user));
@@ -420,6 +430,20 @@ class StoreBackend::Impl {
     if (p.LevelOf(path) < Level::kWrite) {
       return Fail(EACCES, "user '" + p.user() + "' may read but not write " +
                               path + "; ask an admin for a write grant");
+    }
+    return {};
+  }
+
+  // Removing or moving a name changes its directory, so the caller needs
+  // write there as well: a grant lets its holders change what is below the
+  // granted directory, not remove or carry off the directory itself.
+  static Status NeedRemove(const Policy& p, const std::string& path) {
+    TRY(NeedWrite(p, path));
+    std::string parent = ParentOf(path);
+    if (p.LevelOf(parent) < Level::kWrite) {
+      return Fail(EACCES, "user '" + p.user() + "' may not remove or move " +
+                              path + ": a grant starts there, and only who " +
+                              "may write " + parent + " may do that");
     }
     return {};
   }
@@ -681,6 +705,10 @@ class StoreBackend::Impl {
   // session's lease in the same transaction.
   Status Commit(const Caller& c, OpenNode& node, Durability durability,
                 bool release) {
+    // Grants are checked again at each commit: a handle opened before a
+    // revoke or a disable commits nothing after it.
+    auto policy = PolicyOf(c);
+    if (!policy) return NothingCommitted(policy.error());
     TRY_ASSIGN(digest, DigestDraft(node.draft.get()));
     int64_t now = NowNs();
     int64_t committed = 0;
@@ -722,6 +750,8 @@ class StoreBackend::Impl {
       int64_t n = AsInt((*maxn)[0][0]) + 1;
       TRY_ASSIGN(path, AnyPath(txn, node.ino));
       if (path.empty()) path = node.path;
+      if (auto ok = NeedWrite(**policy, path); !ok)
+        return NothingCommitted(ok.error());
       int64_t mtime =
           node.last_write_ns > 0 ? node.last_write_ns : inode->mtime_ns;
       auto v = txn.Exec(
@@ -1202,11 +1232,6 @@ void StoreBackend::SetChangeListener(vfs::ChangeListener* listener) {
 
 namespace {
 
-std::string ParentOf(const std::string& path) {
-  auto slash = path.rfind('/');
-  return slash == 0 || slash == std::string::npos ? "/" : path.substr(0, slash);
-}
-
 int64_t OwnerUid(const Caller& c) { return c.uid ? *c.uid : geteuid(); }
 int64_t OwnerGid(const Caller& c) { return c.gid ? *c.gid : getegid(); }
 
@@ -1278,7 +1303,8 @@ Result<std::unique_ptr<vfs::FileHandle>> StoreBackend::Open(const Caller& c,
     std::string canon;
     TRY(engine_->Read([&](Txn& txn) -> Status {
       TRY_ASSIGN(w, Walk(txn, path.str(), follow));
-      if (!w.node) return Fail(ENOENT, "no such file or directory");
+      if (!w.node || !policy->Visible(w.path))
+        return Fail(ENOENT, "no such file or directory");
       if (w.node->IsLink()) return Fail(ELOOP, "O_NOFOLLOW on a symlink");
       TRY(Impl::NeedRead(*policy, w.path));
       inode = *w.node;
@@ -1304,11 +1330,15 @@ Result<std::unique_ptr<vfs::FileHandle>> StoreBackend::Open(const Caller& c,
   bool created = false;
   TRY(engine_->Write(Durability::kProcess, [&](Txn& txn) -> Status {
     TRY_ASSIGN(w, Walk(txn, path.str(), follow));
-    if (!w.node) {
+    // A name the caller cannot see answers as a missing one would, so that
+    // neither EEXIST nor EISDIR nor ELOOP tells it is there.
+    bool hidden = w.node && !policy->Visible(w.path);
+    if (!w.node || hidden) {
       if (!create) return Fail(ENOENT, "no such file or directory");
       if (!w.parent) return Fail(EACCES, "cannot create the root");
       TRY(Impl::NeedVisible(*policy, ParentOf(w.path)));
       TRY(Impl::NeedCreate(*policy, w.path));
+      if (hidden) return Fail(EACCES, "may not create " + w.path);
       TRY_ASSIGN(n, CreateNode(txn, *w.parent, w.name, S_IFREG, mode & 07777,
                                OwnerUid(c), OwnerGid(c), "", now));
       inode = n;
@@ -1516,7 +1546,7 @@ Status StoreBackend::Unlink(const Caller& c, const Path& path) {
   return engine_->Write(Durability::kProcess, [&](Txn& txn) -> Status {
     TRY_ASSIGN(w, Walk(txn, path.str(), false));
     if (!w.node) return Fail(ENOENT, "no such file");
-    TRY(Impl::NeedWrite(*policy, w.path));
+    TRY(Impl::NeedRemove(*policy, w.path));
     if (w.node->IsDir()) return Fail(EISDIR, "is a directory; use rmdir");
     if (!w.node->IsLink()) {
       TRY(impl_->CheckLease(txn, c, w.node->ino, w.path, now));
@@ -1535,7 +1565,7 @@ Status StoreBackend::Rmdir(const Caller& c, const Path& path) {
     TRY_ASSIGN(w, Walk(txn, path.str(), false));
     if (!w.node) return Fail(ENOENT, "no such directory");
     if (!w.parent) return Fail(EBUSY, "the root cannot be removed");
-    TRY(Impl::NeedWrite(*policy, w.path));
+    TRY(Impl::NeedRemove(*policy, w.path));
     if (!w.node->IsDir()) return Fail(ENOTDIR, "not a directory");
     auto any = txn.Query("SELECT 1 FROM dentries WHERE parent = ? LIMIT 1",
                          {w.node->ino});
@@ -1545,6 +1575,36 @@ Status StoreBackend::Rmdir(const Caller& c, const Path& path) {
     return RecordChange(txn, w.path, c.session, now, impl_->Origin(c));
   });
 }
+
+namespace {
+
+// A hard link gives a file a second place. It must not let anyone reach the
+// file whom the first place does not, nor keep access alive after the grant
+// that gave it is gone (a member taken off a team keeping a link in their
+// own folder). So both places must be under the same grants: for every
+// subject, the same highest level. EXDEV otherwise, as for a link to another
+// filesystem, which tools answer by copying.
+Status SameGrants(Txn& txn, const std::string& a, const std::string& b) {
+  auto rows =
+      txn.Query("SELECT prefix, subject_kind, subject, level FROM grants");
+  if (!rows) return std::unexpected(rows.error());
+  std::map<std::string, int64_t> at_a, at_b;
+  for (const auto& r : *rows) {
+    std::string prefix = AsText(r[0]);
+    std::string who = AsText(r[1]) + ":" + AsText(r[2]);
+    int64_t level = AsInt(r[3]);
+    if (PathHasPrefix(a, prefix)) at_a[who] = std::max(at_a[who], level);
+    if (PathHasPrefix(b, prefix)) at_b[who] = std::max(at_b[who], level);
+  }
+  if (at_a != at_b) {
+    return Fail(EXDEV, "cannot hard-link " + a + " to " + b +
+                           ": the two places are shared under different "
+                           "grants; copy the file instead");
+  }
+  return {};
+}
+
+}  // namespace
 
 Status StoreBackend::Link(const Caller& c, const Path& from, const Path& to) {
   TRY_ASSIGN(policy, impl_->PolicyOf(c));
@@ -1562,6 +1622,7 @@ Status StoreBackend::Link(const Caller& c, const Path& from, const Path& to) {
       return Fail(EEXIST, "file exists");
     TRY(Impl::NeedCreate(*policy, dst.path));
     if (dst.node) return Fail(EEXIST, "file exists");
+    TRY(SameGrants(txn, src.path, dst.path));
     auto d = txn.Exec("INSERT INTO dentries(parent, name, ino) VALUES(?, ?, ?)",
                       {dst.parent->ino, dst.name, src.node->ino});
     if (!d) return std::unexpected(d.error());
@@ -1610,10 +1671,11 @@ Status StoreBackend::Rename(const Caller& c, const Path& from, const Path& to,
     TRY_ASSIGN(src, Walk(txn, from.str(), false));
     if (!src.node) return Fail(ENOENT, "no such file or directory");
     if (!src.parent) return Fail(EBUSY, "the root cannot be renamed");
-    TRY(Impl::NeedWrite(*policy, src.path));
+    TRY(Impl::NeedRemove(*policy, src.path));
     TRY_ASSIGN(dst, Walk(txn, to.str(), false));
     if (!dst.parent) return Fail(EBUSY, "the root cannot be replaced");
     TRY(Impl::NeedCreate(*policy, dst.path));
+    if (dst.node) TRY(Impl::NeedRemove(*policy, dst.path));
     if (src.node->ino == (dst.node ? dst.node->ino : -1)) return {};
     // A directory may not move below itself.
     if (src.node->IsDir()) TRY(NotBelow(txn, dst.parent->ino, src.node->ino));
@@ -1793,10 +1855,18 @@ VersionInfo VersionFromRow(const Row& r) {
   return v;
 }
 
+// Whether `p` may read what lies at `path`.
+bool Readable(const Policy& p, const std::string& path) {
+  return p.Visible(path) && p.LevelOf(path) >= Level::kRead;
+}
+
 constexpr const char* kVersionColumns =
     "n, path, author, session, time_ns, size, content, mode, deleted";
 
-// The file at `path` now, or else the last file that had that path.
+// The file at `path` now, or else the last deleted file that had that path.
+// A file that moved away and still lives under another name is not found
+// here: its history goes with it, and its new place may be one the caller
+// cannot read.
 Result<int64_t> FileOfPath(Txn& txn, const std::string& path,
                            std::string* canon) {
   auto walked = Walk(txn, path, false);
@@ -1811,10 +1881,15 @@ Result<int64_t> FileOfPath(Txn& txn, const std::string& path,
     return w.node->ino;
   }
   auto rows = txn.Query(
-      "SELECT ino FROM versions WHERE path = ? ORDER BY time_ns DESC LIMIT 1",
+      "SELECT v.ino FROM versions v JOIN inodes i ON i.ino = v.ino "
+      "WHERE v.path = ? AND i.nlink = 0 ORDER BY v.time_ns DESC LIMIT 1",
       {path});
   if (!rows) return std::unexpected(rows.error());
-  if (rows->empty()) return Fail(ENOENT, "no file has ever been at " + path);
+  if (rows->empty()) {
+    return Fail(ENOENT, "no file is at " + path +
+                            " and no deleted file was there (a file that was "
+                            "renamed keeps its history under its new name)");
+  }
   *canon = path;
   return AsInt((*rows)[0][0]);
 }
@@ -1834,7 +1909,12 @@ Result<std::vector<VersionInfo>> StoreBackend::History(const Caller& c,
                               " FROM versions WHERE ino = ? ORDER BY n",
                           {ino});
     if (!rows) return std::unexpected(rows.error());
-    for (const auto& r : *rows) out.push_back(VersionFromRow(r));
+    for (const auto& r : *rows) {
+      VersionInfo v = VersionFromRow(r);
+      // A version made while the file lived where this caller cannot read
+      // stays hidden, as the file was then.
+      if (Readable(*policy, v.path)) out.push_back(std::move(v));
+    }
     return {};
   }));
   return out;
@@ -1855,7 +1935,7 @@ Result<std::unique_ptr<vfs::FileHandle>> StoreBackend::OpenVersion(
                               " FROM versions WHERE ino = ? AND n = ?",
                           {ino, n});
     if (!rows) return std::unexpected(rows.error());
-    if (rows->empty()) {
+    if (rows->empty() || !Readable(*policy, AsText((*rows)[0][1]))) {
       return Fail(ENOENT, path.str() + " has no version " + std::to_string(n) +
                               "; `agentvfs history` lists them");
     }
@@ -1948,12 +2028,34 @@ Result<PurgeReport> StoreBackend::Purge(const Caller& c, const Path& path,
   TRY(engine_->Write(Durability::kFull, [&](Txn& txn) -> Status {
     std::string canon;
     TRY_ASSIGN(current, FileOfPath(txn, path.str(), &canon));
+    // The purge removes every name of the file: the purger needs admin where
+    // each of them is, not only on the path it gave (which may lead through
+    // a symlink).
+    auto names =
+        txn.Query("SELECT parent, name FROM dentries WHERE ino = ?", {current});
+    if (!names) return std::unexpected(names.error());
+    std::vector<std::string> where{canon};
+    for (const auto& r : *names) {
+      TRY_ASSIGN(dir, DirPath(txn, AsInt(r[0])));
+      if (!dir.empty())
+        where.push_back((dir == "/" ? "" : dir) + "/" + AsText(r[1]));
+    }
+    for (const auto& p : where) {
+      if (policy->LevelOf(p) >= Level::kAdmin) continue;
+      if (p == canon && !policy->Visible(p)) {
+        return Fail(ENOENT, "no such file or directory");
+      }
+      // Another name of the file is not named unless the purger can see it.
+      return Fail(EACCES, "purging " + path.str() + " needs admin on " +
+                              (policy->Visible(p) ? p : "every name it has") +
+                              "; ask an admin");
+    }
     // The file at the path and every deleted file that was there before.
     std::vector<int64_t> inos{current};
     auto earlier = txn.Query(
         "SELECT DISTINCT v.ino FROM versions v JOIN inodes i ON i.ino = v.ino "
         "WHERE v.path = ? AND i.nlink = 0 AND v.ino != ?",
-        {path.str(), current});
+        {canon, current});
     if (!earlier) return std::unexpected(earlier.error());
     for (const auto& r : *earlier) inos.push_back(AsInt(r[0]));
     // (content, versions of it going): each version holds one reference.

@@ -1,0 +1,264 @@
+// Grants at their edges, through the API, on each engine: what the auth
+// matrix (tests/conformance) does not reach because it needs a file to move,
+// a symlink to lead elsewhere, a handle to outlive a grant, or a token to be
+// replaced. Users: alice and bob (team eng), carol (team ops, admin on
+// /skills/tool).
+#include <fcntl.h>
+#include <sys/stat.h>
+
+#include <string>
+#include <vector>
+
+#include "backends/store/admin.h"
+#include "backends/store/auth.h"
+#include "backends/store/store.h"
+#include "tests/support/result_matchers.h"
+#include "tests/support/store_fixture.h"
+
+namespace agentvfs::store {
+namespace {
+
+using testing::StoreFixture;
+
+class GrantEdgesTest : public ::testing::TestWithParam<testing::StoreEngine> {
+ protected:
+  void SetUp() override {
+    auto f = StoreFixture::Create(
+        {"alice", "bob", "carol"},
+        {{"alice", {"eng"}}, {"bob", {"eng"}}, {"carol", {"ops"}}}, GetParam());
+    ASSERT_TRUE(f.has_value()) << f.error().ToString();
+    fixture_ = std::move(*f);
+    // Grants are read afresh on every call, so that a change shows at once.
+    StoreOptions options;
+    options.auth_ttl = std::chrono::milliseconds(0);
+    backend_ = fixture_->OpenBackend(options);
+    ASSERT_NE(backend_, nullptr);
+    alice_ = fixture_->CallerFor("alice");
+    bob_ = fixture_->CallerFor("bob");
+    carol_ = fixture_->CallerFor("carol");
+    admin_ = fixture_->CallerFor("admin");
+    ASSERT_OK(Grant(backend_->engine(), "admin", "/skills/tool",
+                    Subject{"user", "carol"}, Level::kAdmin));
+  }
+
+  vfs::Path P(const std::string& p) { return *vfs::Path::Parse(p); }
+
+  vfs::Status Put(const vfs::Caller& c, const std::string& path,
+                  const std::string& data) {
+    auto f = backend_->Open(c, P(path), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    if (!f) return std::unexpected(f.error());
+    auto n = (*f)->Write(data.data(), data.size(), 0);
+    if (!n) return std::unexpected(n.error());
+    return (*f)->Flush();
+  }
+
+  std::string Get(const vfs::Caller& c, const std::string& path) {
+    auto f = backend_->Open(c, P(path), O_RDONLY, 0);
+    if (!f) return "<" + vfs::ErrnoName(f.error().code) + ">";
+    std::string out(4096, '\0');
+    auto n = (*f)->Read(out.data(), out.size(), 0);
+    if (!n) return "<" + vfs::ErrnoName(n.error().code) + ">";
+    out.resize(*n);
+    return out;
+  }
+
+  // The errno of opening `path` as `c` with `flags` (0 for success).
+  int OpenErrno(const vfs::Caller& c, const std::string& path, int flags) {
+    auto f = backend_->Open(c, P(path), flags, 0644);
+    return f ? 0 : f.error().code;
+  }
+
+  std::unique_ptr<StoreFixture> fixture_;
+  std::unique_ptr<StoreBackend> backend_;
+  vfs::Caller alice_, bob_, carol_, admin_;
+};
+
+INSTANTIATE_TEST_SUITE_P(Engines, GrantEdgesTest,
+                         ::testing::ValuesIn(testing::kAllEngines),
+                         [](const auto& info) {
+                           return testing::EngineName(info.param);
+                         });
+
+TEST_P(GrantEdgesTest, HistoryDoesNotFollowAFileToWhereTheCallerCannotRead) {
+  const std::string shared = "/memories/teams/eng/plan.md";
+  const std::string mine = "/memories/users/bob/plan.md";
+  ASSERT_OK(Put(bob_, shared, "team plan\n"));
+  ASSERT_OK(backend_->Rename(bob_, P(shared), P(mine), 0));
+  ASSERT_OK(Put(bob_, mine, "bob's private plan\n"));
+
+  // Nothing is at the team path now, and no deleted file was there.
+  EXPECT_ERRNO(backend_->History(alice_, P(shared)), ENOENT);
+  EXPECT_ERRNO(backend_->OpenVersion(alice_, P(shared), 2), ENOENT);
+  EXPECT_ERRNO(backend_->Restore(alice_, P(shared), 2), ENOENT);
+  EXPECT_EQ(Get(alice_, shared), "<ENOENT>");
+  // Bob, at the file's place, sees all of it.
+  ASSERT_OK_AND_ASSIGN(auto history, backend_->History(bob_, P(mine)));
+  EXPECT_EQ(history.size(), 2u);
+}
+
+TEST_P(GrantEdgesTest, VersionsMadeWhereTheCallerCannotReadStayHidden) {
+  const std::string draft = "/memories/users/bob/draft.md";
+  const std::string shared = "/memories/teams/eng/draft.md";
+  ASSERT_OK(Put(bob_, draft, "private first thoughts\n"));
+  ASSERT_OK(backend_->Rename(bob_, P(draft), P(shared), 0));
+  ASSERT_OK(Put(bob_, shared, "for the team\n"));
+
+  ASSERT_OK_AND_ASSIGN(auto seen, backend_->History(alice_, P(shared)));
+  ASSERT_EQ(seen.size(), 1u);
+  EXPECT_EQ(seen[0].n, 2);
+  EXPECT_EQ(seen[0].path, shared);
+  EXPECT_ERRNO(backend_->OpenVersion(alice_, P(shared), 1), ENOENT);
+  EXPECT_ERRNO(backend_->Restore(alice_, P(shared), 1), ENOENT);
+  EXPECT_EQ(Get(alice_, shared), "for the team\n");
+  ASSERT_OK_AND_ASSIGN(auto all, backend_->History(bob_, P(shared)));
+  EXPECT_EQ(all.size(), 2u);
+}
+
+TEST_P(GrantEdgesTest, PurgeNeedsAdminWhereTheFileIsNotWhereThePathLeads) {
+  const std::string bobs = "/memories/users/bob/notes.md";
+  ASSERT_OK(Put(bob_, bobs, "bob's notes\n"));
+  ASSERT_OK(backend_->Mkdir(carol_, P("/skills/tool"), 0755));
+  // Carol is admin below /skills/tool; the link there leads to bob's folder.
+  ASSERT_OK(
+      backend_->Symlink(carol_, "/memories/users/bob", P("/skills/tool/l")));
+  auto purged = backend_->Purge(carol_, P("/skills/tool/l/notes.md"), false);
+  ASSERT_FALSE(purged.has_value());
+  EXPECT_TRUE(purged.error().code == ENOENT || purged.error().code == EACCES)
+      << purged.error().ToString();
+  EXPECT_EQ(Get(bob_, bobs), "bob's notes\n");
+  ASSERT_OK_AND_ASSIGN(auto history, backend_->History(bob_, P(bobs)));
+  EXPECT_EQ(history.size(), 1u);
+
+  // Her own files she may purge.
+  ASSERT_OK(Put(carol_, "/skills/tool/old.md", "old\n"));
+  ASSERT_OK_AND_ASSIGN(
+      auto report, backend_->Purge(carol_, P("/skills/tool/old.md"), false));
+  EXPECT_EQ(report.files, 1);
+}
+
+TEST_P(GrantEdgesTest, CreatingOverAHiddenNameAnswersAsAMissingOneWould) {
+  ASSERT_OK(Put(bob_, "/memories/users/bob/notes.md", "bob's\n"));
+  ASSERT_OK(backend_->Symlink(bob_, "x", P("/memories/users/bob/s")));
+  // A hidden directory and a missing one look alike.
+  int hidden = OpenErrno(alice_, "/memories/users/bob", O_WRONLY | O_CREAT);
+  int missing = OpenErrno(alice_, "/memories/users/nobody", O_WRONLY | O_CREAT);
+  EXPECT_EQ(vfs::ErrnoName(hidden), vfs::ErrnoName(missing));
+  EXPECT_EQ(vfs::ErrnoName(missing), "EACCES");
+
+  // So do a hidden file and a missing one, reached through alice's own link.
+  ASSERT_OK(backend_->Symlink(alice_, "/memories/users/bob",
+                              P("/memories/users/alice/l")));
+  for (int flags :
+       {O_WRONLY | O_CREAT | O_EXCL, O_WRONLY | O_CREAT, O_RDONLY | O_CREAT}) {
+    EXPECT_EQ(vfs::ErrnoName(
+                  OpenErrno(alice_, "/memories/users/alice/l/notes.md", flags)),
+              vfs::ErrnoName(
+                  OpenErrno(alice_, "/memories/users/alice/l/none.md", flags)))
+        << "flags " << flags;
+  }
+  // And a hidden symlink opened with O_NOFOLLOW, and a missing name.
+  EXPECT_EQ(vfs::ErrnoName(OpenErrno(alice_, "/memories/users/alice/l/s",
+                                     O_RDONLY | O_NOFOLLOW)),
+            "ENOENT");
+  EXPECT_EQ(Get(bob_, "/memories/users/bob/notes.md"), "bob's\n");
+}
+
+TEST_P(GrantEdgesTest, AHandleOpenedBeforeAGrantWentCommitsNothingAfter) {
+  const std::string plan = "/memories/teams/eng/plan.md";
+  ASSERT_OK(Put(alice_, plan, "v1\n"));
+  ASSERT_OK_AND_ASSIGN(auto f,
+                       backend_->Open(alice_, P(plan), O_WRONLY | O_TRUNC, 0));
+  ASSERT_OK(f->Write("from an old handle\n", 19, 0));
+  ASSERT_OK(RemoveMember(backend_->engine(), "admin", "eng", "alice"));
+  // The team's folder is out of her sight now: ENOENT, as for any path.
+  auto flushed = f->Flush();
+  ASSERT_FALSE(flushed.has_value());
+  EXPECT_EQ(flushed.error().code, ENOENT) << flushed.error().ToString();
+  EXPECT_NE(flushed.error().message.find("nothing was committed"),
+            std::string::npos)
+      << flushed.error().message;
+  ASSERT_OK(f->Write("again\n", 6, 0));
+  EXPECT_ERRNO(f->Sync(false), ENOENT);
+  f.reset();
+  EXPECT_EQ(Get(bob_, plan), "v1\n");
+  ASSERT_OK_AND_ASSIGN(auto history, backend_->History(bob_, P(plan)));
+  EXPECT_EQ(history.size(), 1u);
+
+  // A disabled user's open handle commits nothing either.
+  ASSERT_OK_AND_ASSIGN(auto g,
+                       backend_->Open(bob_, P(plan), O_WRONLY | O_TRUNC, 0));
+  ASSERT_OK(g->Write("late\n", 5, 0));
+  ASSERT_OK(SetUserDisabled(backend_->engine(), "admin", "bob", true));
+  EXPECT_ERRNO(g->Flush(), EACCES);
+  g.reset();
+  ASSERT_OK_AND_ASSIGN(history, backend_->History(admin_, P(plan)));
+  EXPECT_EQ(history.size(), 1u);
+}
+
+TEST_P(GrantEdgesTest, AReplacedTokenEndsTheSessionsThatSignedInWithIt) {
+  backend_->auth().PinToken("alice", HashToken(fixture_->token("alice")));
+  ASSERT_OK(backend_->Stat(alice_, P("/memories/users/alice")));
+  ASSERT_OK(backend_->Stat(bob_, P("/memories/users/bob")));
+  ASSERT_OK_AND_ASSIGN(auto fresh,
+                       RotateToken(backend_->engine(), "alice", "alice"));
+  auto st = backend_->Stat(alice_, P("/memories/users/alice"));
+  ASSERT_FALSE(st.has_value());
+  EXPECT_EQ(st.error().code, EACCES);
+  EXPECT_NE(st.error().message.find("replaced"), std::string::npos)
+      << st.error().message;
+  // Signing in again with the new token works; other users never noticed.
+  ASSERT_OK_AND_ASSIGN(auto user, Authenticate(backend_->engine(), fresh));
+  EXPECT_EQ(user, "alice");
+  backend_->auth().PinToken("alice", HashToken(fresh));
+  EXPECT_OK(backend_->Stat(alice_, P("/memories/users/alice")));
+  EXPECT_OK(backend_->Stat(bob_, P("/memories/users/bob")));
+}
+
+TEST_P(GrantEdgesTest, TheDirectoryAGrantIsOnStaysWhereItIs) {
+  const std::string team = "/memories/teams/eng";
+  // Grantees change what is below it...
+  ASSERT_OK(backend_->Mkdir(alice_, P(team + "/sub"), 0755));
+  ASSERT_OK(backend_->Rename(alice_, P(team + "/sub"),
+                             P("/memories/users/alice/sub"), 0));
+  ASSERT_OK(backend_->Mkdir(alice_, P(team + "/gone"), 0755));
+  ASSERT_OK(backend_->Rmdir(alice_, P(team + "/gone")));
+  // ...but neither remove nor carry off the directory itself.
+  EXPECT_ERRNO(
+      backend_->Rename(alice_, P(team), P("/memories/users/alice/eng"), 0),
+      EACCES);
+  EXPECT_ERRNO(backend_->Rmdir(alice_, P(team)), EACCES);
+  EXPECT_ERRNO(backend_->Rmdir(bob_, P("/memories/users/bob")), EACCES);
+  // Nor replace it, or swap it, from their own folder.
+  ASSERT_OK(backend_->Mkdir(alice_, P("/memories/users/alice/empty"), 0755));
+  EXPECT_ERRNO(
+      backend_->Rename(alice_, P("/memories/users/alice/empty"), P(team), 0),
+      EACCES);
+  EXPECT_ERRNO(backend_->Rename(alice_, P("/memories/users/alice/empty"),
+                                P(team), RENAME_EXCHANGE),
+               EACCES);
+  EXPECT_OK(backend_->Stat(bob_, P(team)));
+  // An admin may.
+  EXPECT_OK(backend_->Rmdir(admin_, P(team)));
+}
+
+TEST_P(GrantEdgesTest, HardLinksStayUnderTheSameGrants) {
+  const std::string plan = "/memories/teams/eng/plan.md";
+  ASSERT_OK(Put(alice_, plan, "team plan\n"));
+  // Into her own folder: the link would outlive her membership.
+  EXPECT_ERRNO(
+      backend_->Link(alice_, P(plan), P("/memories/users/alice/plan.md")),
+      EXDEV);
+  // Within the team's folder, and within her own, links are fine.
+  EXPECT_OK(backend_->Link(alice_, P(plan), P("/memories/teams/eng/plan2.md")));
+  ASSERT_OK(Put(alice_, "/memories/users/alice/a.md", "a\n"));
+  ASSERT_OK(backend_->Mkdir(alice_, P("/memories/users/alice/d"), 0755));
+  EXPECT_OK(backend_->Link(alice_, P("/memories/users/alice/a.md"),
+                           P("/memories/users/alice/d/b.md")));
+  // After alice leaves the team nothing of it stays with her.
+  ASSERT_OK(RemoveMember(backend_->engine(), "admin", "eng", "alice"));
+  EXPECT_EQ(Get(alice_, "/memories/users/alice/plan.md"), "<ENOENT>");
+  EXPECT_EQ(Get(alice_, plan), "<ENOENT>");
+}
+
+}  // namespace
+}  // namespace agentvfs::store
