@@ -17,6 +17,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstdio>
+#include <fstream>
 #include <memory>
 #include <set>
 #include <utility>
@@ -885,10 +886,26 @@ class Importer {
 };
 
 // One ExportTree call: backend tree -> host.
+// The process's umask, read without changing it (/proc/self/status), so
+// that other threads never create files under a umask of 0.
+mode_t CurrentUmask() {
+  std::ifstream status("/proc/self/status");
+  std::string line;
+  while (std::getline(status, line)) {
+    if (line.rfind("Umask:", 0) == 0) {
+      return static_cast<mode_t>(std::stoul(line.substr(6), nullptr, 8)) & 0777;
+    }
+  }
+  return 022;
+}
+
+// Exported files and directories get the store's modes less the umask, as
+// tar does for a user who is not root: who may write a skill in the store
+// does not decide that the copy in someone's home is writable by everyone.
 class Exporter {
  public:
   Exporter(vfs::Backend& backend, const vfs::Caller& caller)
-      : backend_(backend), caller_(caller) {}
+      : backend_(backend), caller_(caller), umask_(CurrentUmask()) {}
 
   // Copies the entries of the backend directory `src` into the host
   // directory open at `dirfd` (shown as `shown`).
@@ -939,7 +956,7 @@ class Exporter {
     }
 
     timespec times[2] = {OmitTime(), attr.st_mtim};
-    mode_t mode = attr.st_mode & kCopiedModeBits;
+    mode_t mode = attr.st_mode & kCopiedModeBits & ~umask_;
     if (type == S_IFLNK) {
       auto target = backend_.Readlink(caller_, src);
       if (!target) return WithContext(target.error(), "readlink " + src.str());
@@ -988,6 +1005,7 @@ class Exporter {
 
   vfs::Backend& backend_;
   const vfs::Caller& caller_;
+  mode_t umask_;
   std::vector<char> buf_ = std::vector<char>(kCopyPieceBytes);
 };
 
@@ -1110,7 +1128,8 @@ vfs::Status ExportTree(vfs::Backend& backend, const vfs::Caller& caller,
   Exporter exporter(backend, caller);
   if (auto s = exporter.CopyDir(src, root.get(), host_dir); !s) return s;
   timespec times[2] = {OmitTime(), attr->st_mtim};
-  if (fchmod(root.get(), attr->st_mode & kCopiedModeBits) != 0) {
+  if (fchmod(root.get(), attr->st_mode & kCopiedModeBits & ~CurrentUmask()) !=
+      0) {
     return HostErrno("chmod", host_dir);
   }
   if (futimens(root.get(), times) != 0) {

@@ -133,8 +133,10 @@ struct ExportOptions {
 };
 
 // Copies the directory `src` of `backend` to the host directory `host_dir`,
-// which is created when missing (its parent must exist). `host_dir` gets
-// `src`'s mode and mtime. ENOTDIR when `src` is not a directory; EEXIST (see
+// which is created when missing (its parent must exist). `host_dir` and
+// everything in it get the store's modes less the process's umask (as tar
+// does for a user who is not root) and mtimes. ENOTDIR when `src` is not a
+// directory; EEXIST (see
 // ExportOptions) or, when merging, for a host directory where `src` has a
 // non-directory.
 vfs::Status ExportTree(vfs::Backend& backend, const vfs::Caller& caller,

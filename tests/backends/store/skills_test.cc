@@ -810,6 +810,40 @@ TEST_F(SkillsTest, ExportIntoAnEmptyExistingDirectory) {
   EXPECT_TRUE(SameTree(host_.Sub("pdf"), out_.path()));
 }
 
+// Whoever may write a skill in the store does not decide that its copy in
+// someone's home is writable by everyone: the umask applies, as with tar.
+TEST_F(SkillsTest, ExportAppliesTheUmaskToTheStoresModes) {
+  ASSERT_EQ(mkdir(store_.Sub("open").c_str(), 0777), 0);
+  ASSERT_TRUE(WriteFile(store_.Sub("open/run.sh"), "#!/bin/sh\n", 0777));
+  ASSERT_TRUE(WriteFile(store_.Sub("open/notes.md"), "n\n", 0666));
+  for (const char* p : {"open", "open/run.sh"}) {
+    ASSERT_EQ(chmod(store_.Sub(p).c_str(), 0777), 0);
+  }
+  ASSERT_EQ(chmod(store_.Sub("open/notes.md").c_str(), 0666), 0);
+  auto mode_of = [](const std::string& path) {
+    struct stat st {};
+    return stat(path.c_str(), &st) == 0 ? st.st_mode & 07777 : 01000000u;
+  };
+
+  mode_t old = umask(022);
+  auto exported =
+      ExportTree(router_, caller_, P("/skills/open"), out_.Sub("a"));
+  umask(old);
+  ASSERT_OK(exported);
+  EXPECT_EQ(mode_of(out_.Sub("a")), 0755u);
+  EXPECT_EQ(mode_of(out_.Sub("a/run.sh")), 0755u);
+  EXPECT_EQ(mode_of(out_.Sub("a/notes.md")), 0644u);
+
+  // With a umask of 0 the modes come back as they are in the store.
+  old = umask(0);
+  exported = ExportTree(router_, caller_, P("/skills/open"), out_.Sub("b"));
+  umask(old);
+  ASSERT_OK(exported);
+  EXPECT_EQ(mode_of(out_.Sub("b")), 0777u);
+  EXPECT_EQ(mode_of(out_.Sub("b/run.sh")), 0777u);
+  EXPECT_EQ(mode_of(out_.Sub("b/notes.md")), 0666u);
+}
+
 TEST_F(SkillsTest, ExportOfAFileIsENOTDIR) {
   ASSERT_TRUE(WriteFile(store_.Sub("file"), "x"));
   EXPECT_ERRNO(ExportTree(router_, caller_, P("/skills/file"), out_.Sub("f")),
