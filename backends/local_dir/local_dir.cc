@@ -12,6 +12,7 @@
 
 #include <dirent.h>
 #include <fcntl.h>
+#include <limits.h>
 #include <linux/openat2.h>
 #include <stdio.h>
 #include <sys/stat.h>
@@ -21,9 +22,11 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <utility>
+#include <vector>
 
 namespace agentvfs::backends {
 namespace {
@@ -37,6 +40,8 @@ using vfs::Status;
 // openat2 returns EAGAIN when a rename raced a '..' step under
 // RESOLVE_BENEATH; the kernel expects the caller to retry.
 constexpr int kMaxResolveRetries = 16;
+// Symlinks followed by hand before ELOOP, as the kernel's limit.
+constexpr int kMaxSymlinkDepth = 40;
 // Rounds of "create exclusively, else open the existing file" before giving
 // up on a path that keeps appearing and disappearing under us.
 constexpr int kMaxCreateRounds = 8;
@@ -139,6 +144,35 @@ std::string ProcFdPath(int fd, std::string_view name = {}) {
     out += name;
   }
   return out;
+}
+
+// The path a relative symlink body `target` names when read in directory
+// `dir`, by name ('.' and '..' taken lexically); nullopt when '..' climbs
+// above the root.
+std::optional<Path> LinkTarget(const Path& dir, std::string_view target) {
+  std::vector<std::string_view> parts = dir.Components();
+  size_t start = 0;
+  while (start <= target.size()) {
+    size_t end = target.find('/', start);
+    if (end == std::string_view::npos) end = target.size();
+    std::string_view part = target.substr(start, end - start);
+    start = end + 1;
+    if (part.empty() || part == ".") continue;
+    if (part == "..") {
+      if (parts.empty()) return std::nullopt;
+      parts.pop_back();
+      continue;
+    }
+    parts.push_back(part);
+  }
+  std::string text;
+  for (auto part : parts) {
+    text += '/';
+    text += part;
+  }
+  auto parsed = Path::Parse(text.empty() ? "/" : text);
+  if (!parsed) return std::nullopt;
+  return *parsed;
 }
 
 // What a path-taking operation acts on: `name` inside the pinned directory
@@ -389,6 +423,11 @@ Result<std::unique_ptr<vfs::FileHandle>> LocalDirBackend::Open(const Caller& c,
                                                                const Path& path,
                                                                int flags,
                                                                mode_t mode) {
+  return OpenFollowing(c, path, flags, mode, 0);
+}
+
+Result<std::unique_ptr<vfs::FileHandle>> LocalDirBackend::OpenFollowing(
+    const Caller& c, const Path& path, int flags, mode_t mode, int links) {
   if ((flags & O_PATH) == O_PATH)
     return Fail(EINVAL, "open " + path.str() +
                             ": O_PATH is not supported; open for reading or "
@@ -412,6 +451,14 @@ Result<std::unique_ptr<vfs::FileHandle>> LocalDirBackend::Open(const Caller& c,
     if (S_ISLNK(pinned->st.st_mode)) {
       // What open(2) says for O_NOFOLLOW on a symlink.
       return Errno(ELOOP, "open", path);
+    }
+    // Opening a FIFO waits for its other end, which a hostile sandbox
+    // need never provide: the daemon would hang. A mount never asks (the
+    // kernel serves FIFOs and sockets itself), so only tools get here.
+    if (S_ISFIFO(pinned->st.st_mode) || S_ISSOCK(pinned->st.st_mode)) {
+      return Fail(ENXIO, "open " + path.str() +
+                             ": is a FIFO or a socket; only regular files "
+                             "and directories are opened here");
     }
     auto fd = Reopen(*pinned, flags, path, "open");
     if (!fd) return std::unexpected(fd.error());
@@ -459,24 +506,36 @@ Result<std::unique_ptr<vfs::FileHandle>> LocalDirBackend::Open(const Caller& c,
         S_ISLNK(lst.st_mode))
       break;
   }
-  // A symlink to a missing file, which open(2) creates. Let the kernel do it
-  // (beneath the root: a target outside fails). Whether this call made the
-  // file cannot be told exactly; an empty, singly linked file is taken as
-  // made here and given to the caller.
-  int fd = OpenBeneath(root_fd_, path.Relative(), flags, mode);
-  if (fd < 0) return Errno("open", path, Stage::kResolve);
-  UniqueFd owned(fd);
-  struct stat st;
-  if (fstat(fd, &st) != 0) return Errno("open", path);
-  if (!S_ISREG(st.st_mode)) {
-    return Errno(EEXIST, "open", path);
+  // A symlink to a missing file, which open(2) creates. Letting the kernel
+  // follow it here would act on whatever the link names by then (the
+  // sandbox can swap it): truncate an existing file, give it to the caller,
+  // or block on a FIFO. So read the link from the pinned parent and create
+  // at its target, with the same O_EXCL-first steps. The target is
+  // resolved by name under the link's directory ('..' lexically, never
+  // above the root); an absolute target leads out of the workspace.
+  if (links >= kMaxSymlinkDepth) return Errno(ELOOP, "open", path);
+  auto parent = LocateParent(root_fd_, path, "open");
+  if (!parent) return std::unexpected(parent.error());
+  std::string target(PATH_MAX, '\0');
+  ssize_t len = readlinkat(parent->dirfd, parent->name.c_str(), target.data(),
+                           target.size());
+  if (len < 0) {
+    // No longer a symlink: it was replaced meanwhile; start again.
+    if (errno == EINVAL || errno == ENOENT)
+      return OpenFollowing(c, path, flags, mode, links + 1);
+    return Errno("open", path);
   }
-  if (HasIdentity(c) && st.st_nlink == 1 && st.st_size == 0) {
-    if (fchown(fd, c.uid.value_or(vfs::kKeepUid),
-               c.gid.value_or(vfs::kKeepGid)) != 0)
-      return Errno("open", path);
+  target.resize(static_cast<size_t>(len));
+  if (target.empty() || target[0] == '/') {
+    return Fail(EACCES, "open " + path.str() + ": it is a symlink to " +
+                            target + ", which is outside the workspace");
   }
-  return handle(std::move(owned));
+  auto next = LinkTarget(path.Parent(), target);
+  if (!next) {
+    return Fail(EACCES, "open " + path.str() + ": it is a symlink to " +
+                            target + ", which is outside the workspace");
+  }
+  return OpenFollowing(c, *next, flags, mode, links + 1);
 }
 
 Status LocalDirBackend::Mkdir(const Caller& c, const Path& path, mode_t mode) {

@@ -92,6 +92,12 @@ class LocalDirBackend final : public vfs::Backend {
   LocalDirBackend(int root_fd, std::string root_dir)
       : root_fd_(root_fd), root_dir_(std::move(root_dir)) {}
 
+  // Open() at `links` symlinks deep: creating through a dangling symlink
+  // goes on at the link's target (ELOOP past 40).
+  vfs::Result<std::unique_ptr<vfs::FileHandle>> OpenFollowing(
+      const vfs::Caller& c, const vfs::Path& path, int flags, mode_t mode,
+      int links);
+
   // O_PATH|O_DIRECTORY fd of the root; every resolution starts here. Owned;
   // never changes after construction (that is what makes this thread-safe).
   const int root_fd_;

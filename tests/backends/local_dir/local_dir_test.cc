@@ -20,6 +20,7 @@
 #include <chrono>
 #include <cstring>
 #include <fstream>
+#include <future>
 #include <map>
 #include <sstream>
 #include <string>
@@ -452,6 +453,95 @@ TEST_F(LocalDirTest, CreateThroughDanglingSymlinkGivesFileToCaller) {
   ASSERT_OK(backend_->Open(other, P("/dl"), O_CREAT | O_WRONLY, 0644));
   ASSERT_EQ(lstat(Host("made").c_str(), &st), 0);
   EXPECT_EQ(st.st_uid, 4321u);
+}
+
+// A FIFO opened for reading waits for a writer (and the other way round);
+// a FIFO the sandbox made must never hold a daemon thread.
+TEST_F(LocalDirTest, OpeningAFifoNeverBlocks) {
+  ASSERT_EQ(mkfifo(Host("p").c_str(), 0666), 0);
+  ASSERT_OK(backend_->Symlink(c_, "p", P("/l")));
+  for (const char* name : {"/p", "/l"}) {
+    for (int flags : {O_RDONLY, O_WRONLY, O_RDWR, O_WRONLY | O_CREAT,
+                      O_WRONLY | O_CREAT | O_TRUNC}) {
+      auto opened = std::async(std::launch::async, [&] {
+        return backend_->Open(c_, P(name), flags, 0644);
+      });
+      if (opened.wait_for(std::chrono::seconds(3)) !=
+          std::future_status::ready) {
+        // Free the stuck thread: an O_RDWR open serves both ends.
+        int fd = open(Host("p").c_str(), O_RDWR | O_NONBLOCK);
+        opened.wait();
+        if (fd >= 0) close(fd);
+        ADD_FAILURE() << "open " << name << " flags " << flags << " blocked";
+        continue;
+      }
+      EXPECT_ERRNO(opened.get(), ENXIO);
+    }
+  }
+}
+
+// Creating through a dangling symlink acts on the link's target as read
+// from the pinned directory, never on whatever the name leads to a moment
+// later: a file swapped in is never given to the caller.
+TEST_F(LocalDirTest, CreatingThroughASwappedSymlinkNeverRechownsAFile) {
+  ASSERT_EQ(
+      [&] {
+        std::ofstream(Host("victim")) << "secret\n";
+        return chmod(Host("victim").c_str(), 0600);
+      }(),
+      0);
+  ASSERT_EQ(symlink("missing", Host("x").c_str()), 0);
+  std::atomic<bool> stop{false};
+  std::thread swapper([&] {
+    for (int i = 0; !stop; ++i) {
+      const char* to = i % 2 ? "victim" : "missing";
+      unlink(Host("x.n").c_str());
+      if (symlink(to, Host("x.n").c_str()) == 0)
+        rename(Host("x.n").c_str(), Host("x").c_str());
+      unlink(Host("missing").c_str());
+    }
+  });
+  Caller agent = Caller::Local();
+  agent.uid = 4321;
+  agent.gid = 8765;
+  auto until = std::chrono::steady_clock::now() + std::chrono::seconds(1);
+  int opens = 0;
+  struct stat st {};
+  bool victim_ok = true;
+  while (victim_ok && std::chrono::steady_clock::now() < until) {
+    auto f = backend_->Open(agent, P("/x"), O_CREAT | O_WRONLY | O_TRUNC, 0644);
+    if (f) ++opens;
+    victim_ok = stat(Host("victim").c_str(), &st) == 0 && st.st_uid == 0 &&
+                (st.st_mode & 07777) == 0600;
+  }
+  stop = true;
+  swapper.join();
+  EXPECT_TRUE(victim_ok) << "the swapped-in file was given to the caller: uid "
+                         << st.st_uid << ", mode " << std::oct
+                         << (st.st_mode & 07777);
+  EXPECT_GT(opens, 0);
+}
+
+TEST_F(LocalDirTest, CreatingThroughALinkThatClimbsOutIsRefused) {
+  ASSERT_OK(backend_->Mkdir(c_, P("/d"), 0755));
+  ASSERT_OK(backend_->Symlink(c_, "../../outside/new", P("/d/up")));
+  ASSERT_OK(backend_->Symlink(c_, "/tmp/agentvfs-abs-new", P("/abs")));
+  EXPECT_ERRNO(backend_->Open(c_, P("/d/up"), O_CREAT | O_WRONLY, 0644),
+               EACCES);
+  EXPECT_ERRNO(backend_->Open(c_, P("/abs"), O_CREAT | O_WRONLY, 0644), EACCES);
+  struct stat st;
+  EXPECT_NE(lstat((outside_ + "/new").c_str(), &st), 0);
+  EXPECT_NE(lstat("/tmp/agentvfs-abs-new", &st), 0);
+  EXPECT_NE(lstat((base_ + "/new").c_str(), &st), 0);
+  // A chain of links inside the root is followed, and a loop is ELOOP.
+  ASSERT_OK(backend_->Symlink(c_, "../d/b", P("/d/a")));
+  ASSERT_OK(backend_->Symlink(c_, "made", P("/d/b")));
+  ASSERT_OK(backend_->Open(c_, P("/d/a"), O_CREAT | O_WRONLY, 0644));
+  EXPECT_EQ(lstat(Host("d/made").c_str(), &st), 0);
+  ASSERT_OK(backend_->Symlink(c_, "loop2", P("/loop1")));
+  ASSERT_OK(backend_->Symlink(c_, "loop1", P("/loop2")));
+  EXPECT_ERRNO(backend_->Open(c_, P("/loop1"), O_CREAT | O_WRONLY, 0644),
+               ELOOP);
 }
 
 TEST_F(LocalDirTest, SetgidDirectoryGivesItsGroup) {
