@@ -653,8 +653,27 @@ TEST_P(ConformanceTest, UnlinkedOpenFileStaysUsable) {
   EXPECT_EQ(n, 1u);
   ASSERT_OK_AND_ASSIGN(std::string after, PreadString(fs(), fd, 100, 0));
   EXPECT_EQ(after, "still here!");
+  // fstat(2) of a file with no name left: on a mount the kernel asks for
+  // the attributes without the handle.
+  ASSERT_OK_AND_ASSIGN(auto st, fs().Fstat(fd));
+  EXPECT_EQ(st.st_size, 11);
+  EXPECT_EQ(st.st_nlink, 0u);
   ASSERT_OK(fs().Close(fd));
   EXPECT_TRUE(List("").empty());
+}
+
+TEST_P(ConformanceTest, AFileRenamedOverStaysUsableThroughItsHandle) {
+  ASSERT_OK(WriteFile(fs(), "log", "old log"));
+  ASSERT_OK_AND_ASSIGN(int fd, fs().Open("log", O_RDONLY));
+  ASSERT_OK(WriteFile(fs(), "log.new", "new log!"));
+  ASSERT_OK(fs().Rename("log.new", "log"));
+  ASSERT_OK_AND_ASSIGN(auto st, fs().Fstat(fd));
+  EXPECT_EQ(st.st_size, 7);
+  ASSERT_OK_AND_ASSIGN(std::string old_bytes, PreadString(fs(), fd, 100, 0));
+  EXPECT_EQ(old_bytes, "old log");
+  ASSERT_OK(fs().Close(fd));
+  ASSERT_OK_AND_ASSIGN(st, fs().Stat("log"));
+  EXPECT_EQ(st.st_size, 8);
 }
 
 TEST_P(ConformanceTest, MkdirCreatesAnEmptyDirectory) {

@@ -399,6 +399,45 @@ TEST_F(MiscTest, CacheTimeoutZeroShowsHostChangesAtOnce) {
   EXPECT_ERRNO_EQ(ErrnoOf(stat(View("g").c_str(), &st)), ENOENT);
 }
 
+// A directory renamed away and back beside the mount: the daemon knew it
+// under both names for a while, and the name found again is the one its
+// paths are built from (before, everything below it gave ENOENT until the
+// kernel forgot the directory).
+TEST_F(MiscTest, ADirectoryRenamedAwayAndBackBesideTheMountStaysReachable) {
+  ASSERT_EQ(mkdir(Host("src").c_str(), 0755), 0);
+  ASSERT_TRUE(WriteFile(Host("src/x"), "x"));
+  ASSERT_TRUE(Mount({"--cache-timeout", "0"}));
+  auto list = [&] {
+    std::set<std::string> names;
+    DIR* d = opendir(View().c_str());
+    if (d == nullptr) return names;
+    while (dirent* e = readdir(d)) names.insert(e->d_name);
+    closedir(d);
+    return names;
+  };
+  struct stat st;
+  ASSERT_EQ(stat(View("src").c_str(), &st), 0);
+  ASSERT_EQ(rename(Host("src").c_str(), Host("src.bak").c_str()), 0);
+  ASSERT_EQ(list().count("src.bak"), 1u);  // the same directory, a new name
+  ASSERT_EQ(rename(Host("src.bak").c_str(), Host("src").c_str()), 0);
+  EXPECT_EQ(ReadFile(View("src/x")), "x");
+  ASSERT_EQ(list().count("src"), 1u);
+  EXPECT_EQ(ReadFile(View("src/x")), "x");
+  // A hard link that went away on the host no longer names the file.
+  ASSERT_TRUE(WriteFile(Host("a"), "linked"));
+  ASSERT_EQ(link(Host("a").c_str(), Host("b").c_str()), 0);
+  int fd = open(View("a").c_str(), O_RDONLY);
+  ASSERT_GE(fd, 0);
+  ASSERT_EQ(stat(View("b").c_str(), &st), 0);  // its newest name now
+  ASSERT_EQ(unlink(Host("b").c_str()), 0);
+  EXPECT_NE(stat(View("b").c_str(), &st), 0);
+  // fstat asks for the file without a name: it must not use the gone one.
+  EXPECT_EQ(fstat(fd, &st), 0) << strerror(errno);
+  EXPECT_EQ(st.st_size, 6);
+  close(fd);
+  EXPECT_EQ(ReadFile(View("a")), "linked");
+}
+
 // With the default timeout (1 s) a change made beside the mount is seen
 // within 2 s; tests/e2e allows 5 s for the same with a slower check.
 TEST_F(MiscTest, DefaultCacheTimeoutShowsHostChangesWithinTwoSeconds) {

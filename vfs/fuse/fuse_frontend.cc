@@ -298,6 +298,10 @@ class FuseServer::Impl {
       Node& n = nodes_[c->second];
       if (n.key == fk && n.type == type) {
         n.nlookup++;
+        // Found again under this name: it is the newest, the one paths are
+        // built from (another name it had may be gone on the host).
+        auto at = std::find(n.names.begin(), n.names.end(), ck);
+        if (at != n.names.end()) std::rotate(at, at + 1, n.names.end());
         return c->second;
       }
       // The name now holds another file (replaced behind our back).
@@ -1016,6 +1020,11 @@ void OpLookup(fuse_req_t req, fuse_ino_t parent, const char* name) {
     auto path = self->ChildPath(parent, name);
     if (!path) return self->ReplyError(req, path.error());
     auto st = self->backend_.Stat(self->CallerFor(req), *path);
+    if (!st && st.error().code == ENOENT) {
+      // Gone on the host: a name the table still held for it must not be
+      // used to build paths any more.
+      self->Detach(parent, std::string(path->Name()));
+    }
     if (!st && st.error().code == ENOENT &&
         self->options_.negative_timeout > 0) {
       // Node id 0: the kernel remembers that the name is missing.
@@ -1047,10 +1056,14 @@ void OpGetattr(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
     Result<Attr> st;
     if (fi != nullptr && fi->fh != 0) {
       st = FileOf(fi)->Stat();
-    } else {
-      auto path = self->PathOf(ino);
-      if (!path) return self->ReplyError(req, path.error());
+    } else if (auto path = self->PathOf(ino); path) {
       st = self->backend_.Stat(self->CallerFor(req), *path);
+    } else {
+      // No name left (unlinked, renamed over) while a process still holds
+      // the file open: fstat(2) asks without a handle, and must work.
+      auto any = self->AnyFileOf(ino);
+      if (any == nullptr) return self->ReplyError(req, path.error());
+      st = any->Stat();
     }
     if (!st) return self->ReplyError(req, st.error());
     Attr shown = self->Shown(*st);
