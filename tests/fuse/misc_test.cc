@@ -399,6 +399,32 @@ TEST_F(MiscTest, CacheTimeoutZeroShowsHostChangesAtOnce) {
   EXPECT_ERRNO_EQ(ErrnoOf(stat(View("g").c_str(), &st)), ENOENT);
 }
 
+// rewinddir(3) shows the directory as it is now (POSIX), not as it was
+// when it was opened: "delete everything, rewind, check" loops end.
+TEST_F(MiscTest, RewinddirShowsTheDirectoryAsItIsNow) {
+  ASSERT_TRUE(WriteFile(Host("a"), "a"));
+  ASSERT_TRUE(Mount());
+  DIR* d = opendir(View().c_str());
+  ASSERT_NE(d, nullptr);
+  auto names = [&] {
+    std::set<std::string> out;
+    while (dirent* e = readdir(d)) {
+      std::string n = e->d_name;
+      if (n != "." && n != "..") out.insert(n);
+    }
+    return out;
+  };
+  EXPECT_EQ(names(), (std::set<std::string>{"a"}));
+  ASSERT_TRUE(WriteFile(View("b"), "b"));
+  rewinddir(d);
+  EXPECT_EQ(names(), (std::set<std::string>{"a", "b"}));
+  ASSERT_EQ(unlink(View("a").c_str()), 0);
+  ASSERT_EQ(unlink(View("b").c_str()), 0);
+  rewinddir(d);
+  EXPECT_EQ(names(), std::set<std::string>{});
+  closedir(d);
+}
+
 // A directory renamed away and back beside the mount: the daemon knew it
 // under both names for a while, and the name found again is the one its
 // paths are built from (before, everything below it gave ENOENT until the

@@ -450,15 +450,28 @@ class FuseServer::Impl {
   // On an io_uring thread the job runs at once: its reply must leave from
   // the thread that received the request (the queue's other threads keep
   // serving meanwhile).
-  void Offload(std::function<void()> job) {
+  // Runs `job` on the pool, or here when the pool cannot take it (no thread
+  // could be started, no memory): it must run and answer either way, and
+  // nothing may throw into libfuse.
+  template <typename Job>
+  void Offload(Job job) {
     if (UringChannel::InRingThread()) return job();
-    std::lock_guard lock(pool_mu_);
-    if (workers_.empty()) {
-      for (int i = 0; i < kPoolThreads; ++i)
-        workers_.emplace_back([this](std::stop_token stop) { Work(stop); });
+    try {
+      std::lock_guard lock(pool_mu_);
+      if (workers_.empty()) {
+        for (int i = 0; i < kPoolThreads; ++i)
+          workers_.emplace_back([this](std::stop_token stop) { Work(stop); });
+      }
+      jobs_.emplace_back(job);
+      pool_cv_.notify_one();
+      return;
+    } catch (const std::exception& e) {
+      spdlog::warn(
+          "fuse: cannot hand a request to the pool ({}); serving it "
+          "on the reading thread",
+          e.what());
     }
-    jobs_.push_back(std::move(job));
-    pool_cv_.notify_one();
+    job();
   }
   void Work(std::stop_token stop) {
     while (true) {
@@ -733,6 +746,7 @@ class FuseServer::Impl {
 // An open directory: a snapshot of its entries taken at opendir.
 struct DirHandle {
   std::vector<vfs::DirEntry> entries;
+  bool served = false;  // a listing went out; offset 0 again is rewinddir
 };
 
 uint64_t FuseServer::Impl::AddDir(std::unique_ptr<DirHandle> d) {
@@ -1412,27 +1426,49 @@ void OpFsync(fuse_req_t req, fuse_ino_t, int datasync, fuse_file_info* fi) {
   });
 }
 
+// Lists directory `ino` into `dir`: ".", "..", then the backend's entries.
+Status ListInto(fuse_req_t req, fuse_ino_t ino, DirHandle& dir) {
+  auto* self = Self(req);
+  auto path = self->PathOf(ino);
+  if (!path) return std::unexpected(path.error());
+  auto entries = self->backend_.ReadDir(self->CallerFor(req), *path);
+  if (!entries) return std::unexpected(entries.error());
+  dir.entries.clear();
+  dir.entries.reserve(entries->size() + 2);
+  dir.entries.push_back(vfs::DirEntry{".", 0, S_IFDIR});
+  dir.entries.push_back(vfs::DirEntry{"..", 0, S_IFDIR});
+  for (auto& e : *entries) dir.entries.push_back(std::move(e));
+  dir.served = false;
+  return {};
+}
+
+// The listing starts again at offset 0 after entries went out: rewinddir(3)
+// (lseek to 0, which the kernel does not pass on) must show the directory
+// as it is now, not as it was at opendir.
+Status RewindIfAsked(fuse_req_t req, fuse_ino_t ino, DirHandle& dir,
+                     off_t off) {
+  if (off == 0 && dir.served) return ListInto(req, ino, dir);
+  dir.served = true;
+  return {};
+}
+
 void OpOpendir(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
   Guard(req, "opendir", [&] {
     auto* self = Self(req);
-    auto path = self->PathOf(ino);
-    if (!path) return self->ReplyError(req, path.error());
-    auto entries = self->backend_.ReadDir(self->CallerFor(req), *path);
-    if (!entries) return self->ReplyError(req, entries.error());
     auto dir = std::make_unique<DirHandle>();
-    dir->entries.reserve(entries->size() + 2);
-    dir->entries.push_back(vfs::DirEntry{".", 0, S_IFDIR});
-    dir->entries.push_back(vfs::DirEntry{"..", 0, S_IFDIR});
-    for (auto& e : *entries) dir->entries.push_back(std::move(e));
+    if (auto listed = ListInto(req, ino, *dir); !listed)
+      return self->ReplyError(req, listed.error());
     fi->fh = self->AddDir(std::move(dir));
     if (fuse_reply_open(req, fi) != 0) self->ReleaseDir(fi->fh);
   });
 }
 
-void OpReaddir(fuse_req_t req, fuse_ino_t, size_t size, off_t off,
+void OpReaddir(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off,
                fuse_file_info* fi) {
   Guard(req, "readdir", [&] {
     auto* dir = reinterpret_cast<DirHandle*>(fi->fh);
+    if (auto ok = RewindIfAsked(req, ino, *dir, off); !ok)
+      return Self(req)->ReplyError(req, ok.error());
     std::unique_ptr<char[]> buf(new char[size]);
     size_t used = 0;
     for (size_t i = static_cast<size_t>(off); i < dir->entries.size(); ++i) {
@@ -1461,11 +1497,15 @@ void OpReaddirplus(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off,
   Guard(req, "readdirplus", [&] {
     auto* self = Self(req);
     auto* dir = reinterpret_cast<DirHandle*>(fi->fh);
+    if (auto ok = RewindIfAsked(req, ino, *dir, off); !ok)
+      return self->ReplyError(req, ok.error());
     auto dir_path = self->PathOf(ino);
     if (!dir_path) return self->ReplyError(req, dir_path.error());
     Caller c = self->CallerFor(req);
     std::unique_ptr<char[]> buf(new char[size]);
     size_t used = 0;
+    // Lookups counted for this reply, to give back if it never arrives.
+    std::vector<fuse_ino_t> counted;
     for (size_t i = static_cast<size_t>(off); i < dir->entries.size(); ++i) {
       const auto& d = dir->entries[i];
       fuse_entry_param e{};
@@ -1490,9 +1530,13 @@ void OpReaddirplus(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off,
         if (e.ino != 0) self->Forget(e.ino, 1);  // not sent after all
         break;
       }
+      if (e.ino != 0) counted.push_back(e.ino);
       used += need;
     }
-    fuse_reply_buf(req, buf.get(), used);
+    if (fuse_reply_buf(req, buf.get(), used) != 0) {
+      // The kernel did not take the listing (interrupted, or gone).
+      for (fuse_ino_t n : counted) self->Forget(n, 1);
+    }
   });
 }
 
