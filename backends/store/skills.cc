@@ -1051,7 +1051,10 @@ vfs::Result<std::vector<HostSkill>> FindSkills(const std::string& host_dir) {
       errno != ENOENT) {
     auto info = ValidateSkillAt(root.get(), host_dir, FolderName(host_dir));
     if (!info) return Unexpected(info.error());
-    return std::vector<HostSkill>{HostSkill{host_dir, std::move(*info)}};
+    struct stat self;
+    if (fstat(root.get(), &self) != 0) return HostErrno("stat", host_dir);
+    return std::vector<HostSkill>{
+        HostSkill{host_dir, std::move(*info), self.st_dev, self.st_ino}};
   }
 
   auto entries = ListHostDir(root.get(), host_dir);
@@ -1072,8 +1075,11 @@ vfs::Result<std::vector<HostSkill>> FindSkills(const std::string& host_dir) {
       problems.Add(sub.error());
     } else if (auto info = ValidateSkillAt(sub->get(), shown, e.name); !info) {
       problems.Add(info.error());
+    } else if (struct stat self; fstat(sub->get(), &self) != 0) {
+      problems.Add(HostErrno("stat", shown).error());
     } else {
-      skills.push_back(HostSkill{shown, std::move(*info)});
+      skills.push_back(
+          HostSkill{shown, std::move(*info), self.st_dev, self.st_ino});
     }
   }
   if (!problems.empty()) return Unexpected(problems.ToError());
@@ -1085,21 +1091,33 @@ vfs::Result<std::vector<HostSkill>> FindSkills(const std::string& host_dir) {
   return skills;
 }
 
+namespace {
+
+// ImportTree from the host directory open at `root`.
+vfs::Status ImportOpenTree(vfs::Backend& backend, const vfs::Caller& caller,
+                           int root, const std::string& host_dir,
+                           const vfs::Path& dest,
+                           const ImportOptions& options) {
+  // Refuse special files before writing anything.
+  Problems problems;
+  if (auto s = ScanHostTree(root, host_dir, problems); !s) return s;
+  if (!problems.empty()) return Unexpected(problems.ToError());
+  struct stat st;
+  if (fstat(root, &st) != 0) return HostErrno("stat", host_dir);
+
+  Importer importer(backend, caller, options);
+  if (auto s = importer.PrepareTop(dest); !s) return s;
+  return importer.CopyDir(root, host_dir, dest, st);
+}
+
+}  // namespace
+
 vfs::Status ImportTree(vfs::Backend& backend, const vfs::Caller& caller,
                        const std::string& host_dir, const vfs::Path& dest,
                        const ImportOptions& options) {
   Fd root(open(host_dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
   if (!root.valid()) return HostErrno("open directory", host_dir);
-  // Refuse special files before writing anything.
-  Problems problems;
-  if (auto s = ScanHostTree(root.get(), host_dir, problems); !s) return s;
-  if (!problems.empty()) return Unexpected(problems.ToError());
-  struct stat st;
-  if (fstat(root.get(), &st) != 0) return HostErrno("stat", host_dir);
-
-  Importer importer(backend, caller, options);
-  if (auto s = importer.PrepareTop(dest); !s) return s;
-  return importer.CopyDir(root.get(), host_dir, dest, st);
+  return ImportOpenTree(backend, caller, root.get(), host_dir, dest, options);
 }
 
 vfs::Status ExportTree(vfs::Backend& backend, const vfs::Caller& caller,
@@ -1143,17 +1161,39 @@ vfs::Result<std::vector<SkillInfo>> ImportSkills(vfs::Backend& backend,
                                                  const std::string& host_dir) {
   auto skills = FindSkills(host_dir);
   if (!skills) return Unexpected(skills.error());
+  return ImportHostSkills(backend, caller, std::move(*skills));
+}
+
+vfs::Result<std::vector<SkillInfo>> ImportHostSkills(
+    vfs::Backend& backend, const vfs::Caller& caller,
+    std::vector<HostSkill> skills) {
   auto root = Path::Parse(kSkillsRoot);
   if (!root) return Unexpected(root.error());
   std::vector<SkillInfo> imported;
-  for (HostSkill& skill : *skills) {
+  for (HostSkill& skill : skills) {
     auto dest = root->Child(skill.info.name);
     if (!dest) return WithContext(dest.error(), skill.host_dir);
-    if (auto s = ImportTree(backend, caller, skill.host_dir, *dest); !s) {
+    // The folder validated, not whatever the path names now: a folder of
+    // skills may be writable by others while the import runs.
+    Fd dir(open(skill.host_dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+    struct stat st;
+    if (!dir.valid() || fstat(dir.get(), &st) != 0 || st.st_dev != skill.dev ||
+        st.st_ino != skill.ino) {
+      return Fail(EINVAL, skill.host_dir +
+                              ": is no longer the folder that was validated "
+                              "(replaced or swapped for a symlink while "
+                              "importing); skill " +
+                              skill.info.name + " was not imported");
+    }
+    auto again = ValidateSkillAt(dir.get(), skill.host_dir, skill.info.name);
+    if (!again) return Unexpected(again.error());
+    if (auto s = ImportOpenTree(backend, caller, dir.get(), skill.host_dir,
+                                *dest, ImportOptions{});
+        !s) {
       return WithContext(s.error(), "importing skill " + skill.info.name +
                                         " from " + skill.host_dir);
     }
-    imported.push_back(std::move(skill.info));
+    imported.push_back(std::move(*again));
   }
   std::sort(
       imported.begin(), imported.end(),

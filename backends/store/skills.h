@@ -42,6 +42,8 @@
 // the backend and host directories they touch.
 #pragma once
 
+#include <sys/types.h>
+
 #include <cstddef>
 #include <functional>
 #include <map>
@@ -94,6 +96,11 @@ vfs::Result<SkillInfo> ValidateSkillFolder(const std::string& host_dir);
 struct HostSkill {
   std::string host_dir;  // the skill's folder on the host
   SkillInfo info;
+  // The folder that was validated (device, inode): an import refuses a
+  // folder that is no longer the same one, e.g. swapped for a symlink to a
+  // directory that is not a skill.
+  dev_t dev = 0;
+  ino_t ino = 0;
 };
 
 // The skills under `host_dir`, all validated: either `host_dir` itself is a
@@ -152,6 +159,14 @@ vfs::Status ExportTree(vfs::Backend& backend, const vfs::Caller& caller,
 vfs::Result<std::vector<SkillInfo>> ImportSkills(vfs::Backend& backend,
                                                  const vfs::Caller& caller,
                                                  const std::string& host_dir);
+
+// The import half of ImportSkills, for skills FindSkills returned. Each
+// folder is opened again and must still be the folder that was validated
+// (same device and inode; EINVAL otherwise, naming it), and its SKILL.md is
+// validated again from that same descriptor before anything is copied.
+vfs::Result<std::vector<SkillInfo>> ImportHostSkills(
+    vfs::Backend& backend, const vfs::Caller& caller,
+    std::vector<HostSkill> skills);
 
 // Reads and validates `<skill_dir>/SKILL.md` inside `backend` (the first
 // kMaxSkillMdReadBytes of it), e.g. to list the skills a caller can see.

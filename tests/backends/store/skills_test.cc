@@ -599,6 +599,36 @@ TEST_F(SkillsTest, ImportSkillsImportsEveryFolderOfAFolderOfSkills) {
   EXPECT_EQ(read.description, "The pdf skill.");
 }
 
+// A folder of skills others can write: a skill folder swapped for a
+// symlink to a private directory between validation and import is refused,
+// and nothing of that directory reaches /skills.
+TEST_F(SkillsTest, ImportRefusesASkillFolderSwappedAfterItWasValidated) {
+  MakeSkill(host_.Sub("skills/aaa"), Fields("aaa"));
+  MakeSkill(host_.Sub("skills/zzz"), Fields("zzz"));
+  TempDir secret("agentvfs-skills-secret");
+  ASSERT_TRUE(WriteFile(secret.Sub("id_ed25519"), "PRIVATE KEY\n", 0600));
+  ASSERT_OK_AND_ASSIGN(auto found, FindSkills(host_.Sub("skills")));
+  ASSERT_EQ(found.size(), 2u);
+
+  ASSERT_EQ(
+      rename(host_.Sub("skills/zzz").c_str(), host_.Sub("zzz.old").c_str()), 0);
+  ASSERT_EQ(symlink(secret.path().c_str(), host_.Sub("skills/zzz").c_str()), 0);
+  auto r = ImportHostSkills(router_, caller_, std::move(found));
+  ASSERT_FALSE(r.has_value());
+  EXPECT_EQ(r.error().code, EINVAL);
+  EXPECT_NE(r.error().message.find("no longer the folder"), std::string::npos)
+      << r.error().message;
+  struct stat st;
+  EXPECT_NE(lstat(store_.Sub("zzz/id_ed25519").c_str(), &st), 0);
+
+  // The same with the folder's SKILL.md broken after validation.
+  MakeSkill(host_.Sub("one"), Fields("one"));
+  ASSERT_OK_AND_ASSIGN(found, FindSkills(host_.Sub("one")));
+  ASSERT_TRUE(WriteFile(host_.Sub("one/SKILL.md"), "no front matter\n"));
+  EXPECT_ERRNO(ImportHostSkills(router_, caller_, std::move(found)), EINVAL);
+  EXPECT_NE(lstat(store_.Sub("one").c_str(), &st), 0);
+}
+
 TEST_F(SkillsTest, ImportSkillsTakesASingleSkillFolder) {
   MakeSkill(host_.Sub("pdf"), Fields("pdf"));
   ASSERT_OK_AND_ASSIGN(auto imported,
