@@ -455,6 +455,10 @@ Result<std::unique_ptr<vfs::FileHandle>> LocalDirBackend::OpenFollowing(
     // Opening a FIFO waits for its other end, which a hostile sandbox
     // need never provide: the daemon would hang. A mount never asks (the
     // kernel serves FIFOs and sockets itself), so only tools get here.
+    if (S_ISDIR(pinned->st.st_mode) && (flags & O_CREAT)) {
+      // What open(2) says for O_CREAT on an existing directory.
+      return Errno(EISDIR, "open", path);
+    }
     if (S_ISFIFO(pinned->st.st_mode) || S_ISSOCK(pinned->st.st_mode)) {
       return Fail(ENXIO, "open " + path.str() +
                              ": is a FIFO or a socket; only regular files "
@@ -752,14 +756,35 @@ Result<std::string> LocalDirBackend::GetXattr(const Caller&, const Path& path,
   return Errno(ERANGE, "getxattr", path);
 }
 
+namespace {
+
+// Only user.* attributes are set or removed: security.* and trusted.* are
+// privileged (the daemon is root), and system.* are POSIX ACLs, which the
+// host would enforce on the sandbox's own view of the files while a mount's
+// permission checks would not.
+Status WritableXattr(std::string_view op, const Path& path,
+                     const std::string& name) {
+  if (name.starts_with("security.") || name.starts_with("trusted.")) {
+    return Fail(EPERM, std::string(op) + " " + path.str() + ": attribute '" +
+                           name +
+                           "' is privileged; only user.* attributes can be "
+                           "changed in the workspace");
+  }
+  if (name.starts_with("system.")) {
+    return Fail(EOPNOTSUPP, std::string(op) + " " + path.str() +
+                                ": attribute '" + name +
+                                "' (ACLs) is not supported; only user.* "
+                                "attributes can be changed in the workspace");
+  }
+  return {};
+}
+
+}  // namespace
+
 Status LocalDirBackend::SetXattr(const Caller&, const Path& path,
                                  const std::string& name,
                                  const std::string& value, int flags) {
-  if (name.starts_with("security.") || name.starts_with("trusted.")) {
-    return Fail(EPERM, "setxattr " + path.str() + ": attribute '" + name +
-                           "' is privileged; only user.* and system.* "
-                           "attributes can be set in the workspace");
-  }
+  if (auto ok = WritableXattr("setxattr", path, name); !ok) return ok;
   auto t = Locate(root_fd_, path, "setxattr");
   if (!t) return std::unexpected(t.error());
   const std::string p = ProcFdPath(t->dirfd, path.IsRoot() ? "." : t->name);
@@ -798,11 +823,7 @@ Result<std::vector<std::string>> LocalDirBackend::ListXattr(const Caller&,
 
 Status LocalDirBackend::RemoveXattr(const Caller&, const Path& path,
                                     const std::string& name) {
-  if (name.starts_with("security.") || name.starts_with("trusted.")) {
-    return Fail(EPERM, "removexattr " + path.str() + ": attribute '" + name +
-                           "' is privileged; only user.* and system.* "
-                           "attributes can be removed in the workspace");
-  }
+  if (auto ok = WritableXattr("removexattr", path, name); !ok) return ok;
   auto t = Locate(root_fd_, path, "removexattr");
   if (!t) return std::unexpected(t.error());
   const std::string p = ProcFdPath(t->dirfd, path.IsRoot() ? "." : t->name);

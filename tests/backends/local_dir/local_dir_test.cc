@@ -922,6 +922,24 @@ TEST_F(LocalDirTest, PrivilegedXattrsCannotBeSet) {
   char buf[64];
   EXPECT_LT(
       getxattr(Host("f").c_str(), "security.capability", buf, sizeof(buf)), 0);
+  // POSIX ACLs: the host would enforce them on the sandbox's own view.
+  const char acl[] = {2, 0, 0,  0,  1,  0,  6,  0, -1, -1, -1, -1, 4,  0,
+                      4, 0, -1, -1, -1, -1, 32, 0, 4,  0,  -1, -1, -1, -1};
+  EXPECT_ERRNO(backend_->SetXattr(c_, P("/f"), "system.posix_acl_access",
+                                  std::string(acl, sizeof(acl)), 0),
+               EOPNOTSUPP);
+  EXPECT_LT(
+      getxattr(Host("f").c_str(), "system.posix_acl_access", buf, sizeof(buf)),
+      0);
+  EXPECT_ERRNO(backend_->RemoveXattr(c_, P("/f"), "system.posix_acl_access"),
+               EOPNOTSUPP);
+}
+
+TEST_F(LocalDirTest, OpenWithOCreatOfADirectoryIsEisdir) {
+  ASSERT_OK(backend_->Mkdir(c_, P("/d"), 0755));
+  EXPECT_ERRNO(backend_->Open(c_, P("/d"), O_CREAT | O_RDONLY, 0644), EISDIR);
+  EXPECT_ERRNO(backend_->Open(c_, P("/d"), O_CREAT | O_WRONLY, 0644), EISDIR);
+  EXPECT_OK(backend_->Open(c_, P("/d"), O_RDONLY | O_DIRECTORY, 0));
 }
 
 TEST_F(LocalDirTest, XattrOnSymlinkActsOnTheLinkItself) {
