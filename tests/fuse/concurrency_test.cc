@@ -8,9 +8,12 @@
 
 #include <atomic>
 #include <cerrno>
+#include <chrono>
+#include <cstdio>
 #include <cstring>
 #include <mutex>
 #include <thread>
+#include <vector>
 
 #include "tests/fuse/fuse_test_support.h"
 
@@ -91,6 +94,61 @@ TEST_F(ConcurrencyTest, EightThreadsWithTheirOwnDirectories) {
         << rel << ": " << std::strerror(errno);
   }
   EXPECT_EQ(ListDir(Host()), std::vector<std::string>{});
+}
+
+// With several daemon threads, a request that works inside a directory
+// (by its node) must not meet a rename of that directory half-way: the
+// daemon turns the node into a path, and a rename applied between that and
+// the backend call sent the request to a path that no longer exists (a
+// spurious ENOENT) or, worse, to another directory that took the old name.
+// On a local filesystem, work through a directory fd never fails because
+// the directory was renamed.
+TEST_F(ConcurrencyTest, WorkInADirectoryNeverMeetsItsRenameHalfWay) {
+  ASSERT_TRUE(Mount({"--threads", "4"}));
+  ASSERT_EQ(mkdir(View("p").c_str(), 0755), 0);
+  ASSERT_EQ(mkdir(View("p/a").c_str(), 0755), 0);
+  int dir = open(View("p/a").c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  ASSERT_GE(dir, 0) << std::strerror(errno);
+  std::atomic<bool> stop{false};
+  std::atomic<int> renames{0};
+  std::thread renamer([&] {
+    const std::string a = View("p/a"), b = View("p/b");
+    while (!stop) {
+      if (rename(a.c_str(), b.c_str()) == 0 &&
+          rename(b.c_str(), a.c_str()) == 0)
+        renames += 2;
+    }
+  });
+  std::vector<std::string> problems;
+  int done = 0;
+  auto until = std::chrono::steady_clock::now() + std::chrono::seconds(2);
+  for (int i = 0;
+       problems.size() < 5 && std::chrono::steady_clock::now() < until; ++i) {
+    const std::string name = "f" + std::to_string(i);
+    int fd = openat(dir, name.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC,
+                    0644);
+    if (fd < 0) {
+      problems.push_back("create " + name + ": " + std::strerror(errno));
+      continue;
+    }
+    close(fd);
+    struct stat st;
+    if (fstatat(dir, name.c_str(), &st, 0) != 0)
+      problems.push_back("stat " + name + ": " + std::strerror(errno));
+    if (unlinkat(dir, name.c_str(), 0) != 0)
+      problems.push_back("unlink " + name + ": " + std::strerror(errno));
+    ++done;
+  }
+  stop = true;
+  renamer.join();
+  close(dir);
+  for (const auto& p : problems) ADD_FAILURE() << p;
+  std::printf(
+      "%d files made and removed while the directory was renamed %d "
+      "times\n",
+      done, renames.load());
+  EXPECT_GT(renames.load(), 0);
+  EXPECT_EQ(ListDir(Host("p/a")), std::vector<std::string>{});
 }
 
 }  // namespace

@@ -28,6 +28,7 @@
 #include <new>
 #include <optional>
 #include <set>
+#include <shared_mutex>
 #include <sstream>
 #include <stop_token>
 #include <string_view>
@@ -247,6 +248,20 @@ class FuseServer::Impl {
     FileKey key{};
     mode_t type = 0;  // S_IFMT bits
   };
+
+  // A path is built from the node table and then used in a backend call; a
+  // rename changes the backend and then the table. Requests that use paths
+  // hold this shared from building the path until their table update, a
+  // rename holds it alone: with --threads or io_uring requests run at once,
+  // and none may see a rename half-way (its path would name a directory
+  // that has moved, or another that took the old name). The kernel does not
+  // keep them apart: it locks a directory's entries, not its ancestors.
+  std::shared_lock<std::shared_mutex> SharedTree() {
+    return std::shared_lock(tree_mu_);
+  }
+  std::unique_lock<std::shared_mutex> ExclusiveTree() {
+    return std::unique_lock(tree_mu_);
+  }
 
   Result<Path> PathOf(fuse_ino_t ino) {
     std::lock_guard lock(table_mu_);
@@ -604,6 +619,7 @@ class FuseServer::Impl {
   bool signals_ = false;
 
   std::mutex table_mu_;  // guards nodes_, children_, by_file_, next_ino_
+  std::shared_mutex tree_mu_;  // see SharedTree()
   std::unordered_map<fuse_ino_t, Node> nodes_;
   std::unordered_map<ChildKey, fuse_ino_t, ChildKeyHash> children_;
   std::unordered_map<FileKey, fuse_ino_t, FileKeyHash> by_file_;
@@ -1031,6 +1047,7 @@ void OpInit(void* userdata, fuse_conn_info* conn) {
 void OpLookup(fuse_req_t req, fuse_ino_t parent, const char* name) {
   Guard(req, "lookup", [&] {
     auto* self = Self(req);
+    auto tree = self->SharedTree();
     auto path = self->ChildPath(parent, name);
     if (!path) return self->ReplyError(req, path.error());
     auto st = self->backend_.Stat(self->CallerFor(req), *path);
@@ -1067,6 +1084,7 @@ void OpForgetMulti(fuse_req_t req, size_t count, fuse_forget_data* forgets) {
 void OpGetattr(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
   Guard(req, "getattr", [&] {
     auto* self = Self(req);
+    auto tree = self->SharedTree();
     Result<Attr> st;
     if (fi != nullptr && fi->fh != 0) {
       st = FileOf(fi)->Stat();
@@ -1089,6 +1107,7 @@ void OpSetattr(fuse_req_t req, fuse_ino_t ino, struct stat* attr, int to_set,
                fuse_file_info* fi) {
   Guard(req, "setattr", [&] {
     auto* self = Self(req);
+    auto tree = self->SharedTree();
     // An open file is changed through its handle: its name may be gone
     // (unlinked, renamed over) while the kernel still flushes times or size.
     vfs::FileHandle* h = (fi != nullptr && fi->fh != 0) ? FileOf(fi) : nullptr;
@@ -1146,6 +1165,7 @@ void OpSetattr(fuse_req_t req, fuse_ino_t ino, struct stat* attr, int to_set,
 void OpReadlink(fuse_req_t req, fuse_ino_t ino) {
   Guard(req, "readlink", [&] {
     auto* self = Self(req);
+    auto tree = self->SharedTree();
     auto path = self->PathOf(ino);
     if (!path) return self->ReplyError(req, path.error());
     auto target = self->backend_.Readlink(self->CallerFor(req), *path);
@@ -1158,6 +1178,7 @@ void OpMknod(fuse_req_t req, fuse_ino_t parent, const char* name, mode_t mode,
              dev_t rdev) {
   Guard(req, "mknod", [&] {
     auto* self = Self(req);
+    auto tree = self->SharedTree();
     auto path = self->ChildPath(parent, name);
     if (!path) return self->ReplyError(req, path.error());
     Caller c = self->CallerFor(req);
@@ -1180,6 +1201,7 @@ void OpMknod(fuse_req_t req, fuse_ino_t parent, const char* name, mode_t mode,
 void OpMkdir(fuse_req_t req, fuse_ino_t parent, const char* name, mode_t mode) {
   Guard(req, "mkdir", [&] {
     auto* self = Self(req);
+    auto tree = self->SharedTree();
     auto path = self->ChildPath(parent, name);
     if (!path) return self->ReplyError(req, path.error());
     Caller c = self->CallerFor(req);
@@ -1192,6 +1214,7 @@ void OpMkdir(fuse_req_t req, fuse_ino_t parent, const char* name, mode_t mode) {
 void OpUnlink(fuse_req_t req, fuse_ino_t parent, const char* name) {
   Guard(req, "unlink", [&] {
     auto* self = Self(req);
+    auto tree = self->SharedTree();
     auto path = self->ChildPath(parent, name);
     if (!path) return self->ReplyError(req, path.error());
     if (auto r = self->backend_.Unlink(self->CallerFor(req), *path); !r)
@@ -1204,6 +1227,7 @@ void OpUnlink(fuse_req_t req, fuse_ino_t parent, const char* name) {
 void OpRmdir(fuse_req_t req, fuse_ino_t parent, const char* name) {
   Guard(req, "rmdir", [&] {
     auto* self = Self(req);
+    auto tree = self->SharedTree();
     auto path = self->ChildPath(parent, name);
     if (!path) return self->ReplyError(req, path.error());
     if (auto r = self->backend_.Rmdir(self->CallerFor(req), *path); !r)
@@ -1217,6 +1241,7 @@ void OpSymlink(fuse_req_t req, const char* target, fuse_ino_t parent,
                const char* name) {
   Guard(req, "symlink", [&] {
     auto* self = Self(req);
+    auto tree = self->SharedTree();
     auto path = self->ChildPath(parent, name);
     if (!path) return self->ReplyError(req, path.error());
     Caller c = self->CallerFor(req);
@@ -1230,6 +1255,7 @@ void OpRename(fuse_req_t req, fuse_ino_t parent, const char* name,
               fuse_ino_t newparent, const char* newname, unsigned int flags) {
   Guard(req, "rename", [&] {
     auto* self = Self(req);
+    auto tree = self->ExclusiveTree();
     auto from = self->ChildPath(parent, name);
     if (!from) return self->ReplyError(req, from.error());
     auto to = self->ChildPath(newparent, newname);
@@ -1248,6 +1274,7 @@ void OpLink(fuse_req_t req, fuse_ino_t ino, fuse_ino_t newparent,
             const char* newname) {
   Guard(req, "link", [&] {
     auto* self = Self(req);
+    auto tree = self->SharedTree();
     auto from = self->PathOf(ino);
     if (!from) return self->ReplyError(req, from.error());
     auto to = self->ChildPath(newparent, newname);
@@ -1279,6 +1306,7 @@ int BackendFlags(const Impl& self, int flags, fuse_file_info* fi) {
 void OpOpen(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
   Guard(req, "open", [&] {
     auto* self = Self(req);
+    auto tree = self->SharedTree();
     auto path = self->PathOf(ino);
     if (!path) return self->ReplyError(req, path.error());
     int flags = BackendFlags(*self, fi->flags, fi) & ~(O_CREAT | O_EXCL);
@@ -1315,6 +1343,7 @@ void OpCreate(fuse_req_t req, fuse_ino_t parent, const char* name, mode_t mode,
               fuse_file_info* fi) {
   Guard(req, "create", [&] {
     auto* self = Self(req);
+    auto tree = self->SharedTree();
     auto path = self->ChildPath(parent, name);
     if (!path) return self->ReplyError(req, path.error());
     Caller c = self->CallerFor(req);
@@ -1455,6 +1484,7 @@ Status RewindIfAsked(fuse_req_t req, fuse_ino_t ino, DirHandle& dir,
 void OpOpendir(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
   Guard(req, "opendir", [&] {
     auto* self = Self(req);
+    auto tree = self->SharedTree();
     auto dir = std::make_unique<DirHandle>();
     if (auto listed = ListInto(req, ino, *dir); !listed)
       return self->ReplyError(req, listed.error());
@@ -1466,9 +1496,11 @@ void OpOpendir(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
 void OpReaddir(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off,
                fuse_file_info* fi) {
   Guard(req, "readdir", [&] {
+    auto* self = Self(req);
+    auto tree = self->SharedTree();
     auto* dir = reinterpret_cast<DirHandle*>(fi->fh);
     if (auto ok = RewindIfAsked(req, ino, *dir, off); !ok)
-      return Self(req)->ReplyError(req, ok.error());
+      return self->ReplyError(req, ok.error());
     std::unique_ptr<char[]> buf(new char[size]);
     size_t used = 0;
     for (size_t i = static_cast<size_t>(off); i < dir->entries.size(); ++i) {
@@ -1496,6 +1528,7 @@ void OpReaddirplus(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off,
                    fuse_file_info* fi) {
   Guard(req, "readdirplus", [&] {
     auto* self = Self(req);
+    auto tree = self->SharedTree();
     auto* dir = reinterpret_cast<DirHandle*>(fi->fh);
     if (auto ok = RewindIfAsked(req, ino, *dir, off); !ok)
       return self->ReplyError(req, ok.error());
@@ -1552,6 +1585,7 @@ void OpFsyncdir(fuse_req_t req, fuse_ino_t, int, fuse_file_info*) {
 void OpStatfs(fuse_req_t req, fuse_ino_t ino) {
   Guard(req, "statfs", [&] {
     auto* self = Self(req);
+    auto tree = self->SharedTree();
     auto path = self->PathOf(ino);
     if (!path) return self->ReplyError(req, path.error());
     auto st = self->backend_.StatFs(self->CallerFor(req), *path);
@@ -1570,6 +1604,7 @@ void OpSetxattr(fuse_req_t req, fuse_ino_t ino, const char* name,
                 const char* value, size_t size, int flags) {
   Guard(req, "setxattr", [&] {
     auto* self = Self(req);
+    auto tree = self->SharedTree();
     if (!self->options_.xattrs) return ReplyErr(req, ENOSYS);
     if (RefusedXattr(name)) return ReplyErr(req, EOPNOTSUPP);
     auto path = self->PathOf(ino);
@@ -1594,6 +1629,7 @@ void ReplySized(fuse_req_t req, const std::string& data, size_t size) {
 void OpGetxattr(fuse_req_t req, fuse_ino_t ino, const char* name, size_t size) {
   Guard(req, "getxattr", [&] {
     auto* self = Self(req);
+    auto tree = self->SharedTree();
     if (!self->options_.xattrs) return ReplyErr(req, ENOSYS);
     if (RefusedXattr(name)) return ReplyErr(req, EOPNOTSUPP);
     auto path = self->PathOf(ino);
@@ -1607,6 +1643,7 @@ void OpGetxattr(fuse_req_t req, fuse_ino_t ino, const char* name, size_t size) {
 void OpListxattr(fuse_req_t req, fuse_ino_t ino, size_t size) {
   Guard(req, "listxattr", [&] {
     auto* self = Self(req);
+    auto tree = self->SharedTree();
     if (!self->options_.xattrs) return ReplyErr(req, ENOSYS);
     auto path = self->PathOf(ino);
     if (!path) return self->ReplyError(req, path.error());
@@ -1624,6 +1661,7 @@ void OpListxattr(fuse_req_t req, fuse_ino_t ino, size_t size) {
 void OpRemovexattr(fuse_req_t req, fuse_ino_t ino, const char* name) {
   Guard(req, "removexattr", [&] {
     auto* self = Self(req);
+    auto tree = self->SharedTree();
     if (!self->options_.xattrs) return ReplyErr(req, ENOSYS);
     if (RefusedXattr(name)) return ReplyErr(req, EOPNOTSUPP);
     auto path = self->PathOf(ino);
