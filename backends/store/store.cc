@@ -1246,6 +1246,15 @@ Result<vfs::Attr> StoreBackend::Stat(const Caller& c, const Path& path) {
     if (!w.node) return Fail(ENOENT, "no such file or directory");
     TRY(Impl::NeedVisible(*policy, w.path));
     st = w.node->ToAttr();
+    if (w.node->IsDir() && policy->LevelOf(w.path) < Level::kRead) {
+      // A directory the caller only passes through (/memories/users): its
+      // link count, size and times would tell how many folders it holds and
+      // when one came or went. Link count 1 means "not counted" to find(1).
+      st.st_nlink = 1;
+      st.st_size = 0;
+      st.st_blocks = 0;
+      st.st_atim = st.st_mtim = st.st_ctim = timespec{};
+    }
     return {};
   }));
   if (S_ISREG(st.st_mode)) impl_->Overlay(c, st);

@@ -6,7 +6,9 @@
 #include <fcntl.h>
 #include <sys/stat.h>
 
+#include <chrono>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "backends/store/admin.h"
@@ -258,6 +260,39 @@ TEST_P(GrantEdgesTest, HardLinksStayUnderTheSameGrants) {
   ASSERT_OK(RemoveMember(backend_->engine(), "admin", "eng", "alice"));
   EXPECT_EQ(Get(alice_, "/memories/users/alice/plan.md"), "<ENOENT>");
   EXPECT_EQ(Get(alice_, plan), "<ENOENT>");
+}
+
+// A directory bob only passes through shows nothing of what it holds:
+// neither a link count nor a size nor times that change when a user's or a
+// team's folder comes or goes.
+TEST_P(GrantEdgesTest, ADirectoryOnlyPassedThroughTellsNothingOfItsEntries) {
+  ASSERT_OK_AND_ASSIGN(auto before, backend_->Stat(bob_, P("/memories/users")));
+  ASSERT_OK_AND_ASSIGN(auto admin_before,
+                       backend_->Stat(admin_, P("/memories/users")));
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  ASSERT_OK(AddUser(backend_->engine(), "admin", "dave", {}));
+  ASSERT_OK(AddTeam(backend_->engine(), "admin", "sales"));
+  for (const char* dir : {"/memories/users", "/memories/teams", "/memories"}) {
+    ASSERT_OK_AND_ASSIGN(auto st, backend_->Stat(bob_, P(dir)));
+    EXPECT_TRUE(S_ISDIR(st.st_mode)) << dir;
+    EXPECT_EQ(st.st_nlink, 1u) << dir;
+    EXPECT_EQ(st.st_size, 0) << dir;
+    EXPECT_EQ(st.st_mtim.tv_sec, 0) << dir;
+    EXPECT_EQ(st.st_ctim.tv_sec, 0) << dir;
+  }
+  ASSERT_OK_AND_ASSIGN(auto after, backend_->Stat(bob_, P("/memories/users")));
+  EXPECT_EQ(after.st_nlink, before.st_nlink);
+  EXPECT_EQ(after.st_mtim.tv_nsec, before.st_mtim.tv_nsec);
+  // Who may read the directory sees it as it is.
+  ASSERT_OK_AND_ASSIGN(auto admin_after,
+                       backend_->Stat(admin_, P("/memories/users")));
+  EXPECT_EQ(admin_after.st_nlink, admin_before.st_nlink + 1);
+  EXPECT_NE(admin_after.st_mtim.tv_nsec, admin_before.st_mtim.tv_nsec);
+  // Bob's own folder, which he reads, is shown as it is.
+  ASSERT_OK_AND_ASSIGN(auto own,
+                       backend_->Stat(bob_, P("/memories/users/bob")));
+  EXPECT_EQ(own.st_nlink, 2u);
+  EXPECT_GT(own.st_mtim.tv_sec, 0);
 }
 
 }  // namespace
