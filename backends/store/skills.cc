@@ -19,6 +19,7 @@
 #include <cstdio>
 #include <fstream>
 #include <memory>
+#include <random>
 #include <set>
 #include <utility>
 
@@ -937,7 +938,9 @@ class Exporter {
       return Fail(EINVAL, SpecialFileMessage(src.str(), attr.st_mode));
     }
     // What is already on the host under this name: a directory is merged
-    // into (or refused), anything else is unlinked, never written through.
+    // into (or refused); anything else is replaced, never written through:
+    // the new file or link is made under a temporary name and renamed over
+    // it, so a copy that fails leaves the old one in place.
     bool have_dir = false;
     struct stat host;
     if (fstatat(dirfd, name.c_str(), &host, AT_SYMLINK_NOFOLLOW) == 0) {
@@ -948,7 +951,7 @@ class Exporter {
                                   "; remove it or export elsewhere");
         }
         have_dir = true;
-      } else if (unlinkat(dirfd, name.c_str(), 0) != 0) {
+      } else if (type == S_IFDIR && unlinkat(dirfd, name.c_str(), 0) != 0) {
         return HostErrno("remove", shown);
       }
     } else if (errno != ENOENT) {
@@ -960,14 +963,17 @@ class Exporter {
     if (type == S_IFLNK) {
       auto target = backend_.Readlink(caller_, src);
       if (!target) return WithContext(target.error(), "readlink " + src.str());
-      if (symlinkat(target->c_str(), dirfd, name.c_str()) != 0) {
+      TempName temp(dirfd);
+      if (symlinkat(target->c_str(), dirfd, temp.name().c_str()) != 0) {
         return HostErrno("symlink", shown);
       }
-      if (utimensat(dirfd, name.c_str(), times, AT_SYMLINK_NOFOLLOW) != 0 &&
+      temp.made();
+      if (utimensat(dirfd, temp.name().c_str(), times, AT_SYMLINK_NOFOLLOW) !=
+              0 &&
           errno != EOPNOTSUPP) {
         return HostErrno("set mtime of", shown);
       }
-      return {};
+      return temp.RenameTo(name, shown);
     }
     if (type == S_IFDIR) {
       if (!have_dir && mkdirat(dirfd, name.c_str(), S_IRWXU) != 0) {
@@ -985,10 +991,12 @@ class Exporter {
     }
     auto handle = backend_.Open(caller_, src, O_RDONLY | O_NOFOLLOW, 0);
     if (!handle) return WithContext(handle.error(), "open " + src.str());
-    Fd out(openat(dirfd, name.c_str(),
+    TempName temp(dirfd);
+    Fd out(openat(dirfd, temp.name().c_str(),
                   O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC,
                   S_IRUSR | S_IWUSR));
     if (!out.valid()) return HostErrno("create", shown);
+    temp.made();
     if (auto s = ReadHandle(**handle, buf_, SIZE_MAX,
                             [&](std::string_view piece) {
                               return WriteAllHost(out.get(), piece, shown);
@@ -1000,8 +1008,39 @@ class Exporter {
     if (futimens(out.get(), times) != 0)
       return HostErrno("set mtime of", shown);
     if (out.Close() != 0) return HostErrno("close", shown);
-    return {};
+    return temp.RenameTo(name, shown);
   }
+
+  // A fresh name in the host directory `dirfd` for an entry being made;
+  // the entry is removed again unless it was renamed into place.
+  class TempName {
+   public:
+    explicit TempName(int dirfd) : dirfd_(dirfd) {
+      std::random_device random;
+      char hex[17];
+      std::snprintf(hex, sizeof hex, "%08x%08x", random(), random());
+      name_ = std::string(".agentvfs-export-") + hex;
+    }
+    TempName(const TempName&) = delete;
+    TempName& operator=(const TempName&) = delete;
+    ~TempName() {
+      if (made_) unlinkat(dirfd_, name_.c_str(), 0);
+    }
+    const std::string& name() const { return name_; }
+    void made() { made_ = true; }
+    Status RenameTo(const std::string& name, const std::string& shown) {
+      if (renameat(dirfd_, name_.c_str(), dirfd_, name.c_str()) != 0) {
+        return HostErrno("rename into place", shown);
+      }
+      made_ = false;
+      return {};
+    }
+
+   private:
+    int dirfd_;
+    std::string name_;
+    bool made_ = false;
+  };
 
   vfs::Backend& backend_;
   const vfs::Caller& caller_;

@@ -133,7 +133,8 @@ vfs::Status ImportTree(vfs::Backend& backend, const vfs::Caller& caller,
 
 struct ExportOptions {
   // Write into a host directory that already has entries: same-named
-  // non-directories are replaced (unlinked, never written through),
+  // non-directories are replaced (a complete new copy is renamed over them,
+  // never written through; a copy that fails leaves the old one),
   // same-named directories are merged, other entries are kept. Without it,
   // a non-empty `host_dir` is EEXIST and nothing is written.
   bool into_non_empty = false;

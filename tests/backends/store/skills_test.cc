@@ -406,6 +406,7 @@ class RecordingBackend final : public vfs::Backend {
 
   size_t max_write = 0, max_read = 0, writes = 0, flushes = 0;
   size_t opens_for_write_without_trunc = 0;
+  std::string fail_open;  // a path whose Open fails with EIO
 
   vfs::Result<vfs::Attr> Stat(const vfs::Caller& c,
                               const vfs::Path& p) override {
@@ -422,6 +423,7 @@ class RecordingBackend final : public vfs::Backend {
     if ((flags & O_ACCMODE) != O_RDONLY && (flags & O_TRUNC) == 0) {
       ++opens_for_write_without_trunc;
     }
+    if (p.str() == fail_open) return vfs::Fail(EIO, "injected failure");
     auto h = inner_.Open(c, p, flags, mode);
     if (!h) return h;
     return std::make_unique<Handle>(std::move(*h), *this);
@@ -831,6 +833,37 @@ TEST_F(SkillsTest, ExportRefusesANonEmptyHostDirectoryUnlessAsked) {
   EXPECT_EQ(ReadFile(out_.Sub("SKILL.md")),
             ReadFile(host_.Sub("pdf/SKILL.md")));
   EXPECT_EQ(ReadFile(out_.Sub("mine.txt")), "mine\n");
+}
+
+// Merging replaces a host file only once its new copy is whole: a copy
+// that fails leaves the old file, and no temporary file, behind.
+TEST_F(SkillsTest, AFailedMergeLeavesTheHostFilesItDidNotReplace) {
+  ASSERT_EQ(mkdir(store_.Sub("kit").c_str(), 0755), 0);
+  ASSERT_TRUE(WriteFile(store_.Sub("kit/a.md"), "new a\n"));
+  ASSERT_TRUE(WriteFile(store_.Sub("kit/b.md"), "new b\n"));
+  ASSERT_EQ(symlink("a.md", store_.Sub("kit/l").c_str()), 0);
+  ASSERT_TRUE(WriteFile(out_.Sub("a.md"), "old a\n"));
+  ASSERT_TRUE(WriteFile(out_.Sub("b.md"), "old b\n"));
+  ASSERT_EQ(symlink("b.md", out_.Sub("l").c_str()), 0);
+  RecordingBackend failing(router_);
+  failing.fail_open = "/skills/kit/b.md";
+  ExportOptions merge;
+  merge.into_non_empty = true;
+  EXPECT_ERRNO(
+      ExportTree(failing, caller_, P("/skills/kit"), out_.path(), merge), EIO);
+  EXPECT_EQ(ReadFile(out_.Sub("a.md")), "new a\n");
+  EXPECT_EQ(ReadFile(out_.Sub("b.md")), "old b\n");
+  EXPECT_EQ(ListDir(out_.path()),
+            (std::vector<std::string>{"a.md", "b.md", "l"}));
+
+  // Then whole: the link is replaced too, and nothing temporary is left.
+  ASSERT_OK(ExportTree(router_, caller_, P("/skills/kit"), out_.path(), merge));
+  EXPECT_EQ(ReadFile(out_.Sub("b.md")), "new b\n");
+  char target[16] = {};
+  ASSERT_GT(readlink(out_.Sub("l").c_str(), target, sizeof target - 1), 0);
+  EXPECT_STREQ(target, "a.md");
+  EXPECT_EQ(ListDir(out_.path()),
+            (std::vector<std::string>{"a.md", "b.md", "l"}));
 }
 
 TEST_F(SkillsTest, ExportIntoAnEmptyExistingDirectory) {
