@@ -1094,6 +1094,13 @@ class StoreFile final : public vfs::FileHandle {
   Status SetAttr(const mode_t* mode, const uid_t* uid, const gid_t* gid,
                  const struct timespec* times) {
     int64_t now = NowNs();
+    // As a commit: the grants of now, not of when the handle was opened.
+    TRY_ASSIGN(policy, impl_.PolicyOf(caller_));
+    std::string last_path;
+    {
+      std::lock_guard lock(node_->mu);
+      last_path = node_->path;
+    }
     if (times != nullptr && times[1].tv_nsec != UTIME_OMIT) {
       std::lock_guard lock(node_->mu);
       node_->last_write_ns = 0;  // an explicit mtime wins over the write time
@@ -1101,6 +1108,9 @@ class StoreFile final : public vfs::FileHandle {
     return impl_.engine_.Write(Durability::kProcess, [&](Txn& txn) -> Status {
       TRY_ASSIGN(inode, LoadInode(txn, node_->ino));
       if (!inode) return Fail(ENOENT, "the file was purged");
+      TRY_ASSIGN(where, AnyPath(txn, inode->ino));
+      TRY(StoreBackend::Impl::NeedWrite(*policy,
+                                        where.empty() ? last_path : where));
       Inode n = *inode;
       if (mode != nullptr) n.mode = *mode & 07777;
       if (uid != nullptr && *uid != vfs::kKeepUid) n.uid = *uid;
@@ -1593,7 +1603,8 @@ namespace {
 // own folder). So both places must be under the same grants: for every
 // subject, the same highest level. EXDEV otherwise, as for a link to another
 // filesystem, which tools answer by copying.
-Status SameGrants(Txn& txn, const std::string& a, const std::string& b) {
+Result<bool> UnderSameGrants(Txn& txn, const std::string& a,
+                             const std::string& b) {
   auto rows =
       txn.Query("SELECT prefix, subject_kind, subject, level FROM grants");
   if (!rows) return std::unexpected(rows.error());
@@ -1605,12 +1616,41 @@ Status SameGrants(Txn& txn, const std::string& a, const std::string& b) {
     if (PathHasPrefix(a, prefix)) at_a[who] = std::max(at_a[who], level);
     if (PathHasPrefix(b, prefix)) at_b[who] = std::max(at_b[who], level);
   }
-  if (at_a != at_b) {
+  return at_a == at_b;
+}
+
+Status SameGrants(Txn& txn, const std::string& a, const std::string& b) {
+  TRY_ASSIGN(same, UnderSameGrants(txn, a, b));
+  if (!same) {
     return Fail(EXDEV, "cannot hard-link " + a + " to " + b +
                            ": the two places are shared under different "
                            "grants; copy the file instead");
   }
   return {};
+}
+
+// For a rename from `from` to `to`, places under different grants: EXDEV
+// when `node` is a file with other names (hard links), or a directory that
+// holds one, since the move would leave a name under each set of grants,
+// which Link refuses.
+Status NoOtherNames(Txn& txn, const Inode& node, const std::string& from,
+                    const std::string& to) {
+  if (!node.IsDir()) {
+    if (node.nlink <= 1) return {};
+  } else {
+    auto linked = txn.Query(
+        "WITH RECURSIVE sub(ino) AS (SELECT CAST(? AS BIGINT) UNION "
+        "SELECT d.ino FROM dentries d JOIN sub ON d.parent = sub.ino) "
+        "SELECT 1 FROM sub JOIN inodes i ON i.ino = sub.ino "
+        "WHERE i.nlink > 1 AND i.kind != ? LIMIT 1",
+        {node.ino, int64_t{S_IFDIR}});
+    if (!linked) return std::unexpected(linked.error());
+    if (linked->empty()) return {};
+  }
+  return Fail(EXDEV, "cannot move " + from + " to " + to + ": " +
+                         (node.IsDir() ? "a file in it has" : "it has") +
+                         " other names (hard links), and the two places are "
+                         "shared under different grants; copy instead");
 }
 
 }  // namespace
@@ -1686,6 +1726,14 @@ Status StoreBackend::Rename(const Caller& c, const Path& from, const Path& to,
     TRY(Impl::NeedCreate(*policy, dst.path));
     if (dst.node) TRY(Impl::NeedRemove(*policy, dst.path));
     if (src.node->ino == (dst.node ? dst.node->ino : -1)) return {};
+    // Moving a file that has other names (or a directory holding one) into
+    // a place under other grants would do what Link refuses.
+    TRY_ASSIGN(same_grants, UnderSameGrants(txn, src.path, dst.path));
+    if (!same_grants) {
+      TRY(NoOtherNames(txn, *src.node, src.path, dst.path));
+      if ((flags & RENAME_EXCHANGE) && dst.node)
+        TRY(NoOtherNames(txn, *dst.node, dst.path, src.path));
+    }
     // A directory may not move below itself.
     if (src.node->IsDir()) TRY(NotBelow(txn, dst.parent->ino, src.node->ino));
     if (flags & RENAME_EXCHANGE) {
@@ -2067,6 +2115,21 @@ Result<PurgeReport> StoreBackend::Purge(const Caller& c, const Path& path,
         {canon, current});
     if (!earlier) return std::unexpected(earlier.error());
     for (const auto& r : *earlier) inos.push_back(AsInt(r[0]));
+    // Their versions may have been made elsewhere (a file moved here from
+    // another team's folder): erasing those needs admin there as well.
+    for (int64_t ino : inos) {
+      auto made_at =
+          txn.Query("SELECT DISTINCT path FROM versions WHERE ino = ?", {ino});
+      if (!made_at) return std::unexpected(made_at.error());
+      for (const auto& r : *made_at) {
+        std::string p = AsText(r[0]);
+        if (policy->LevelOf(p) >= Level::kAdmin) continue;
+        return Fail(EACCES,
+                    "purging " + path.str() + " would erase versions made at " +
+                        (policy->Visible(p) ? p : "a place") + " where user '" +
+                        policy->user() + "' is not admin; ask an admin there");
+      }
+    }
     // (content, versions of it going): each version holds one reference.
     std::vector<std::pair<std::string, int64_t>> refs_gone;
     for (int64_t ino : inos) {

@@ -131,6 +131,17 @@ TEST_P(GrantEdgesTest, PurgeNeedsAdminWhereTheFileIsNotWhereThePathLeads) {
   ASSERT_OK_AND_ASSIGN(auto history, backend_->History(bob_, P(bobs)));
   EXPECT_EQ(history.size(), 1u);
 
+  // Nor may she erase versions made where she is not admin: a file of
+  // team eng that she (as a member) moved into her own area.
+  ASSERT_OK(AddMember(backend_->engine(), "admin", "eng", "carol"));
+  ASSERT_OK(Put(carol_, "/memories/teams/eng/plan.md", "eng's plan\n"));
+  ASSERT_OK(backend_->Rename(carol_, P("/memories/teams/eng/plan.md"),
+                             P("/skills/tool/plan.md"), 0));
+  EXPECT_ERRNO(backend_->Purge(carol_, P("/skills/tool/plan.md"), false),
+               EACCES);
+  ASSERT_OK_AND_ASSIGN(auto kept,
+                       backend_->History(admin_, P("/skills/tool/plan.md")));
+  EXPECT_EQ(kept.size(), 1u);
   // Her own files she may purge.
   ASSERT_OK(Put(carol_, "/skills/tool/old.md", "old\n"));
   ASSERT_OK_AND_ASSIGN(
@@ -171,7 +182,17 @@ TEST_P(GrantEdgesTest, AHandleOpenedBeforeAGrantWentCommitsNothingAfter) {
   ASSERT_OK_AND_ASSIGN(auto f,
                        backend_->Open(alice_, P(plan), O_WRONLY | O_TRUNC, 0));
   ASSERT_OK(f->Write("from an old handle\n", 19, 0));
+  ASSERT_OK_AND_ASSIGN(auto attrs,
+                       backend_->Open(alice_, P(plan), O_RDONLY, 0));
   ASSERT_OK(RemoveMember(backend_->engine(), "admin", "eng", "alice"));
+  // Nor does it change modes or times.
+  EXPECT_ERRNO(attrs->Chmod(0600), ENOENT);
+  struct timespec times[2] = {{0, UTIME_OMIT}, {1000, 0}};
+  EXPECT_ERRNO(attrs->Utimens(times), ENOENT);
+  attrs.reset();
+  ASSERT_OK_AND_ASSIGN(auto st, backend_->Stat(bob_, P(plan)));
+  EXPECT_EQ(st.st_mode & 07777, 0644u);
+  EXPECT_NE(st.st_mtim.tv_sec, 1000);
   // The team's folder is out of her sight now: ENOENT, as for any path.
   auto flushed = f->Flush();
   ASSERT_FALSE(flushed.has_value());
@@ -256,6 +277,27 @@ TEST_P(GrantEdgesTest, HardLinksStayUnderTheSameGrants) {
   ASSERT_OK(backend_->Mkdir(alice_, P("/memories/users/alice/d"), 0755));
   EXPECT_OK(backend_->Link(alice_, P("/memories/users/alice/a.md"),
                            P("/memories/users/alice/d/b.md")));
+  // Nor can a second name made inside the team's folder be moved out,
+  // alone or in a directory.
+  EXPECT_ERRNO(backend_->Rename(alice_, P("/memories/teams/eng/plan2.md"),
+                                P("/memories/users/alice/plan.md"), 0),
+               EXDEV);
+  ASSERT_OK(backend_->Mkdir(alice_, P("/memories/teams/eng/kit"), 0755));
+  ASSERT_OK(
+      backend_->Link(alice_, P(plan), P("/memories/teams/eng/kit/plan.md")));
+  EXPECT_ERRNO(backend_->Rename(alice_, P("/memories/teams/eng/kit"),
+                                P("/memories/users/alice/kit"), 0),
+               EXDEV);
+  ASSERT_OK(backend_->Mkdir(alice_, P("/memories/users/alice/swap"), 0755));
+  EXPECT_ERRNO(backend_->Rename(alice_, P("/memories/users/alice/swap"),
+                                P("/memories/teams/eng/kit"), RENAME_EXCHANGE),
+               EXDEV);
+  // A file with one name, or one moved within the team, moves freely.
+  ASSERT_OK(Put(alice_, "/memories/teams/eng/single.md", "one name\n"));
+  EXPECT_OK(backend_->Rename(alice_, P("/memories/teams/eng/single.md"),
+                             P("/memories/users/alice/single.md"), 0));
+  EXPECT_OK(backend_->Rename(alice_, P("/memories/teams/eng/kit"),
+                             P("/memories/teams/eng/kit2"), 0));
   // After alice leaves the team nothing of it stays with her.
   ASSERT_OK(RemoveMember(backend_->engine(), "admin", "eng", "alice"));
   EXPECT_EQ(Get(alice_, "/memories/users/alice/plan.md"), "<ENOENT>");
