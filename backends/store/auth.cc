@@ -187,16 +187,13 @@ vfs::Result<std::shared_ptr<const Policy>> LoadPolicy(
 vfs::Result<std::shared_ptr<const Policy>> AuthCache::PolicyFor(
     const std::string& user) {
   auto now = std::chrono::steady_clock::now();
+  std::string pin;
   {
     std::lock_guard lock(mu_);
     if (auto it = cache_.find(user);
         it != cache_.end() && now - it->second.loaded < ttl_) {
       return it->second.policy;
     }
-  }
-  std::string pin;
-  {
-    std::lock_guard lock(mu_);
     if (auto it = pinned_.find(user); it != pinned_.end()) pin = it->second;
   }
   std::shared_ptr<const Policy> policy;

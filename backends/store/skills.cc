@@ -905,8 +905,8 @@ mode_t CurrentUmask() {
 // does not decide that the copy in someone's home is writable by everyone.
 class Exporter {
  public:
-  Exporter(vfs::Backend& backend, const vfs::Caller& caller)
-      : backend_(backend), caller_(caller), umask_(CurrentUmask()) {}
+  Exporter(vfs::Backend& backend, const vfs::Caller& caller, mode_t umask)
+      : backend_(backend), caller_(caller), umask_(umask) {}
 
   // Copies the entries of the backend directory `src` into the host
   // directory open at `dirfd` (shown as `shown`).
@@ -1182,11 +1182,11 @@ vfs::Status ExportTree(vfs::Backend& backend, const vfs::Caller& caller,
     }
   }
   if (auto s = MakeHostDirWritable(root.get(), host_dir); !s) return s;
-  Exporter exporter(backend, caller);
+  const mode_t umask = CurrentUmask();
+  Exporter exporter(backend, caller, umask);
   if (auto s = exporter.CopyDir(src, root.get(), host_dir); !s) return s;
   timespec times[2] = {OmitTime(), attr->st_mtim};
-  if (fchmod(root.get(), attr->st_mode & kCopiedModeBits & ~CurrentUmask()) !=
-      0) {
+  if (fchmod(root.get(), attr->st_mode & kCopiedModeBits & ~umask) != 0) {
     return HostErrno("chmod", host_dir);
   }
   if (futimens(root.get(), times) != 0) {

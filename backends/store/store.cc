@@ -1100,10 +1100,9 @@ class StoreFile final : public vfs::FileHandle {
     {
       std::lock_guard lock(node_->mu);
       last_path = node_->path;
-    }
-    if (times != nullptr && times[1].tv_nsec != UTIME_OMIT) {
-      std::lock_guard lock(node_->mu);
-      node_->last_write_ns = 0;  // an explicit mtime wins over the write time
+      // An explicit mtime wins over the write time.
+      if (times != nullptr && times[1].tv_nsec != UTIME_OMIT)
+        node_->last_write_ns = 0;
     }
     return impl_.engine_.Write(Durability::kProcess, [&](Txn& txn) -> Status {
       TRY_ASSIGN(inode, LoadInode(txn, node_->ino));
@@ -1120,9 +1119,8 @@ class StoreFile final : public vfs::FileHandle {
         n.mtime_ns = PickTime(times[1], n.mtime_ns, now);
       }
       TRY(SaveAttrs(txn, n, now));
-      TRY_ASSIGN(path, AnyPath(txn, n.ino));
-      if (!path.empty())
-        TRY(RecordChange(txn, path, caller_.session, now,
+      if (!where.empty())
+        TRY(RecordChange(txn, where, caller_.session, now,
                          impl_.Origin(caller_)));
       return {};
     });
