@@ -244,6 +244,12 @@ Result<std::unique_ptr<vfs::FileHandle>> Router::Open(const Caller& c,
                                                       int flags, mode_t mode) {
   const bool writes =
       (flags & O_ACCMODE) != O_RDONLY || (flags & (O_CREAT | O_TRUNC));
+  if (writes && (flags & O_ACCMODE) == O_RDONLY && !(flags & O_TRUNC)) {
+    // Only O_CREAT writes. On a read-only mount, as on a read-only
+    // filesystem, that opens an existing file; EROFS is for creating one.
+    if (const MountEntry* m = OwnerOf(path); m && m->options.read_only)
+      return OpenExistingReadOnly(c, path, flags);
+  }
   auto t = Resolve(path, writes ? Access::kWrite : Access::kRead);
   if (!t) {
     if (t.error().code == ENOENT && (flags & O_CREAT) &&
@@ -260,6 +266,40 @@ Result<std::unique_ptr<vfs::FileHandle>> Router::Open(const Caller& c,
     return Fail(EISDIR, Quote(path) + " is a directory");
   }
   return t->mount->backend->Open(c, t->inner, flags, mode);
+}
+
+Result<std::unique_ptr<vfs::FileHandle>> Router::OpenExistingReadOnly(
+    const Caller& c, const Path& path, int flags) {
+  auto t = Resolve(path, Access::kRead);
+  if (!t) return std::unexpected(t.error());
+  vfs::Backend& b = *t->mount->backend;
+  auto would_create = [&] {
+    return Fail(EROFS, "cannot create " + Quote(path) + ": " +
+                           Quote(t->mount->prefix) + " is mounted read-only");
+  };
+  auto st = b.Stat(c, t->inner);  // the name itself, as O_EXCL looks at it
+  if (!st) {
+    if (st.error().code != ENOENT) return std::unexpected(st.error());
+    // Missing: EROFS if it could be created there, else why not.
+    auto dir = b.Stat(c, t->inner.Parent());
+    if (!dir) return std::unexpected(dir.error());
+    if (!S_ISDIR(dir->st_mode))
+      return Fail(ENOTDIR, Quote(path.Parent()) + " is not a directory");
+    return would_create();
+  }
+  if (flags & O_EXCL) return Fail(EEXIST, Quote(path) + " already exists");
+  if (t->is_mount_point || S_ISDIR(st->st_mode))
+    return Fail(EISDIR, Quote(path) + " is a directory");
+  auto h = b.Open(c, t->inner, flags & ~(O_CREAT | O_EXCL), 0);
+  if (!h) {
+    // A dangling symlink: opening it with O_CREAT would create its target.
+    if (h.error().code == ENOENT) return would_create();
+    return h;
+  }
+  auto opened = (*h)->Stat();
+  if (opened && S_ISDIR(opened->st_mode))
+    return Fail(EISDIR, Quote(path) + " leads to a directory");
+  return h;
 }
 
 Status Router::Mkdir(const Caller& c, const Path& path, mode_t mode) {

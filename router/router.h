@@ -135,6 +135,10 @@ class Router final : public vfs::Backend {
   // For changing what exists (mode, owner, times, xattrs): the synthesised
   // directories are read-only (EACCES).
   vfs::Result<Target> ResolveForChange(const vfs::Path& path) const;
+  // open(O_RDONLY|O_CREAT, no O_TRUNC) on a read-only mount: the existing
+  // file opened read-only; EROFS only where the open would create one.
+  vfs::Result<std::unique_ptr<vfs::FileHandle>> OpenExistingReadOnly(
+      const vfs::Caller& c, const vfs::Path& path, int flags);
 
   std::vector<std::unique_ptr<vfs::Backend>> owned_;
   std::vector<MountEntry> mounts_;  // sorted by prefix length, longest first

@@ -776,6 +776,25 @@ TEST_F(ReadOnlyMountTest, EveryWriteIsErofs) {
   EXPECT_TRUE(ro_->Has("/empty"));
 }
 
+// As on a read-only filesystem, O_CREAT without a write access or O_TRUNC
+// opens an existing file (shells and editors open with O_CREAT by habit);
+// only an open that would create is EROFS.
+TEST_F(ReadOnlyMountTest, CreateFlagOpensAnExistingFileForReading) {
+  ASSERT_OK_AND_ASSIGN(auto h, router_.Open(c_, P("/ro/f"), O_CREAT, 0644));
+  EXPECT_EQ(ReadAll(*h), "read me");
+  EXPECT_ERRNO(router_.Open(c_, P("/ro/f"), O_CREAT | O_EXCL, 0644), EEXIST);
+  EXPECT_ERRNO(router_.Open(c_, P("/ro/new"), O_CREAT, 0644), EROFS);
+  EXPECT_ERRNO(router_.Open(c_, P("/ro/new"), O_CREAT | O_EXCL, 0644), EROFS);
+  EXPECT_ERRNO(router_.Open(c_, P("/ro/d"), O_CREAT, 0644), EISDIR);
+  EXPECT_ERRNO(router_.Open(c_, P("/ro"), O_CREAT, 0644), EISDIR);
+  EXPECT_ERRNO(router_.Open(c_, P("/ro/nodir/x"), O_CREAT, 0644), ENOENT);
+  EXPECT_ERRNO(router_.Open(c_, P("/ro/f/x"), O_CREAT, 0644), ENOTDIR);
+  for (const auto& call : ro_->calls())
+    EXPECT_TRUE(call.rfind("Stat ", 0) == 0 || call.rfind("Open ", 0) == 0)
+        << call;
+  EXPECT_FALSE(ro_->Has("/new"));
+}
+
 TEST_F(ReadOnlyMountTest, ReadsPass) {
   ASSERT_OK(router_.Stat(c_, P("/ro/f")));
   ASSERT_OK(router_.Stat(c_, P("/ro")));
