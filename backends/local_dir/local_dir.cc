@@ -13,8 +13,10 @@
 #include <dirent.h>
 #include <fcntl.h>
 #include <limits.h>
+#include <linux/capability.h>
 #include <linux/openat2.h>
 #include <stdio.h>
+#include <sys/fsuid.h>
 #include <sys/stat.h>
 #include <sys/statvfs.h>
 #include <sys/syscall.h>
@@ -22,6 +24,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstring>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -221,7 +224,77 @@ bool HasIdentity(const Caller& c) {
   return c.uid.has_value() || c.gid.has_value();
 }
 
-// Gives the just-created entry `t.name` in `t.dirfd` to the caller.
+// Makes the calling thread create nodes as `c` while it lives, so that
+// mkdir, mknod and symlink give the new entry its owner in the same step:
+// giving it away afterwards by name would give away whatever the agent
+// renamed over that name in between. The thread's filesystem uid and gid
+// become the caller's (a set-group-ID parent still gives its group, as for a
+// local process). Leaving uid 0 drops the thread's filesystem capabilities,
+// so they are raised again from the permitted set: the host's permission
+// checks stay the daemon's, as FUSE (default_permissions) already checked
+// the caller's. Only this thread changes (Linux credentials are per thread;
+// glibc does not broadcast setfsuid, and capset with pid 0 is the thread's).
+class CreateAs {
+ public:
+  CreateAs() = default;
+  CreateAs(const CreateAs&) = delete;
+  CreateAs& operator=(const CreateAs&) = delete;
+  ~CreateAs() { Leave(); }
+
+  // Switches to c's identity. False when there is nothing to switch to
+  // (no identity, or a daemon that is not root and so cannot give files
+  // away at all); then the node is made as the daemon.
+  Result<bool> Enter(const Caller& c, std::string_view op, const Path& path) {
+    if (!HasIdentity(c) || geteuid() != 0) return false;
+    header_ = {_LINUX_CAPABILITY_VERSION_3, 0};
+    if (syscall(SYS_capget, &header_, saved_) != 0) return Errno(op, path);
+    // setfsuid/setfsgid report the previous id and never fail loudly:
+    // an invalid id (-1) only reads it, and the switch is read back.
+    old_uid_ = static_cast<uid_t>(setfsuid(-1));
+    old_gid_ = static_cast<gid_t>(setfsgid(-1));
+    entered_ = true;
+    const uid_t uid = c.uid.value_or(old_uid_);
+    const gid_t gid = c.gid.value_or(old_gid_);
+    setfsgid(gid);
+    setfsuid(uid);
+    if (static_cast<uid_t>(setfsuid(-1)) != uid ||
+        static_cast<gid_t>(setfsgid(-1)) != gid) {
+      Leave();
+      return Errno(EPERM, op, path);
+    }
+    __user_cap_data_struct raised[_LINUX_CAPABILITY_U32S_3];
+    std::memcpy(raised, saved_, sizeof raised);
+    for (auto& d : raised) d.effective = d.permitted;
+    if (syscall(SYS_capset, &header_, raised) != 0) {
+      const int err = errno;
+      Leave();
+      return Errno(err, op, path);
+    }
+    return true;
+  }
+
+ private:
+  void Leave() {
+    if (!entered_) return;
+    entered_ = false;
+    const int err = errno;  // the failure being reported, if any
+    setfsuid(old_uid_);
+    setfsgid(old_gid_);
+    syscall(SYS_capset, &header_, saved_);
+    errno = err;
+  }
+
+  bool entered_ = false;
+  uid_t old_uid_ = 0;
+  gid_t old_gid_ = 0;
+  __user_cap_header_struct header_{};
+  __user_cap_data_struct saved_[_LINUX_CAPABILITY_U32S_3]{};
+};
+
+// Gives the just-created entry `t.name` in `t.dirfd` to the caller, for a
+// daemon that could not create it as the caller (CreateAs): not root, so it
+// can only give a node to itself, and the swap CreateAs guards against
+// cannot hand anything to anyone else.
 Status ChownNew(const Caller& c, const Target& t, const Path& path,
                 std::string_view op) {
   if (!HasIdentity(c)) return {};
@@ -550,8 +623,12 @@ Status LocalDirBackend::Mkdir(const Caller& c, const Path& path, mode_t mode) {
   if (!t) return std::unexpected(t.error());
   // The kernel already makes a directory in a set-group-ID parent
   // set-group-ID and gives it the parent's group.
+  CreateAs as;
+  auto as_caller = as.Enter(c, "mkdir", path);
+  if (!as_caller) return std::unexpected(as_caller.error());
   if (mkdirat(t->dirfd, t->name.c_str(), mode & 07777) != 0)
     return Errno("mkdir", path);
+  if (*as_caller) return {};
   return ChownNew(c, *t, path, "mkdir");
 }
 
@@ -567,8 +644,12 @@ Status LocalDirBackend::Mknod(const Caller& c, const Path& path, mode_t mode,
   }
   auto t = LocateParent(root_fd_, path, "mknod");
   if (!t) return std::unexpected(t.error());
+  CreateAs as;
+  auto as_caller = as.Enter(c, "mknod", path);
+  if (!as_caller) return std::unexpected(as_caller.error());
   if (mknodat(t->dirfd, t->name.c_str(), mode, rdev) != 0)
     return Errno("mknod", path);
+  if (*as_caller) return {};
   return ChownNew(c, *t, path, "mknod");
 }
 
@@ -600,8 +681,12 @@ Status LocalDirBackend::Symlink(const Caller& c, const std::string& target,
   }
   auto t = LocateParent(root_fd_, link, "symlink");
   if (!t) return std::unexpected(t.error());
+  CreateAs as;
+  auto as_caller = as.Enter(c, "symlink", link);
+  if (!as_caller) return std::unexpected(as_caller.error());
   if (symlinkat(target.c_str(), t->dirfd, t->name.c_str()) != 0)
     return Errno("symlink", link);
+  if (*as_caller) return {};
   return ChownNew(c, *t, link, "symlink");
 }
 

@@ -20,6 +20,7 @@
 #include <chrono>
 #include <cstring>
 #include <fstream>
+#include <functional>
 #include <future>
 #include <map>
 #include <sstream>
@@ -520,6 +521,106 @@ TEST_F(LocalDirTest, CreatingThroughASwappedSymlinkNeverRechownsAFile) {
                          << st.st_uid << ", mode " << std::oct
                          << (st.st_mode & 07777);
   EXPECT_GT(opens, 0);
+}
+
+// mkdir, mknod and symlink make the new entry with the caller as owner in
+// one step. Giving it away afterwards by name would give away whatever the
+// agent put under that name in between: here the swapper exchanges the new
+// node, the moment it exists, with a hard link of a root-owned file (for
+// symlink and mknod), or renames a root-owned directory over it (mkdir).
+TEST_F(LocalDirTest, MakingANodeNeverGivesAwayWhatWasSwappedOverIt) {
+  ASSERT_EQ(
+      [&] {
+        std::ofstream(Host("victim")) << "secret\n";
+        return chmod(Host("victim").c_str(), 0600);
+      }(),
+      0);
+  ASSERT_EQ(mkdir(Host("vdir").c_str(), 0700), 0);
+  std::ofstream(Host("vdir/keep")) << "keeps vdir non-empty\n";
+  // O_PATH descriptors follow the inodes wherever the swapper moves them.
+  int victim = open(Host("victim").c_str(), O_PATH);
+  int vdir = open(Host("vdir").c_str(), O_PATH | O_DIRECTORY);
+  ASSERT_GE(victim, 0);
+  ASSERT_GE(vdir, 0);
+  struct stat vdir_st {};
+  ASSERT_EQ(fstat(vdir, &vdir_st), 0);
+  Caller agent = Caller::Local();
+  agent.uid = 4321;
+  agent.gid = 8765;
+  auto owned_by_root = [](int fd) {
+    struct stat st {};
+    return fstat(fd, &st) == 0 && st.st_uid == 0 && st.st_gid == 0;
+  };
+  auto exchange = [&](const char* a, const char* b) {
+    renameat2(AT_FDCWD, Host(a).c_str(), AT_FDCWD, Host(b).c_str(),
+              RENAME_EXCHANGE);
+  };
+  // For symlink and mknod "h" is the victim's second name; the new node
+  // ends up as "n" or, swapped, as "h".
+  auto relink = [&] {
+    unlink(Host("n").c_str());
+    unlink(Host("h").c_str());
+    link(Host("victim").c_str(), Host("h").c_str());
+  };
+  struct Case {
+    const char* what;
+    std::function<vfs::Status()> make;
+    std::function<void()> swap;
+    std::function<void()> undo;
+  };
+  const Case cases[] = {
+      {"symlink", [&] { return backend_->Symlink(agent, "t", P("/n")); },
+       [&] { exchange("h", "n"); }, relink},
+      {"mknod",
+       [&] { return backend_->Mknod(agent, P("/n"), S_IFIFO | 0644, 0); },
+       [&] { exchange("h", "n"); }, relink},
+      // vdir is not empty, so it replaces the new, empty directory.
+      {"mkdir", [&] { return backend_->Mkdir(agent, P("/n"), 0755); },
+       [&] { rename(Host("vdir").c_str(), Host("n").c_str()); },
+       [&] {
+         struct stat st {};
+         if (lstat(Host("n").c_str(), &st) == 0 && st.st_ino == vdir_st.st_ino)
+           rename(Host("n").c_str(), Host("vdir").c_str());
+         rmdir(Host("n").c_str());
+       }},
+  };
+  for (const Case& k : cases) {
+    // Each case starts from root-owned victims.
+    ASSERT_EQ(fchownat(victim, "", 0, 0, AT_EMPTY_PATH), 0);
+    ASSERT_EQ(fchownat(vdir, "", 0, 0, AT_EMPTY_PATH), 0);
+    k.undo();
+    std::atomic<bool> stop{false};
+    // An exchange succeeds only while both names exist: right after the
+    // backend made "n".
+    std::thread swapper([&] {
+      while (!stop) k.swap();
+    });
+    auto until = std::chrono::steady_clock::now() + std::chrono::seconds(1);
+    int made = 0;
+    bool ok = true;
+    while (ok && std::chrono::steady_clock::now() < until) {
+      if (k.make()) ++made;
+      ok = owned_by_root(victim) && owned_by_root(vdir);
+      k.undo();
+    }
+    stop = true;
+    swapper.join();
+    k.undo();
+    EXPECT_TRUE(ok) << k.what
+                    << ": a node swapped in for the new one was given to the "
+                       "caller";
+    EXPECT_GT(made, 0) << k.what;
+    // Without a race the new node is the caller's, group included.
+    ASSERT_OK(k.make());
+    struct stat st {};
+    ASSERT_EQ(lstat(Host("n").c_str(), &st), 0) << k.what;
+    EXPECT_EQ(st.st_uid, 4321u) << k.what;
+    EXPECT_EQ(st.st_gid, 8765u) << k.what;
+    k.undo();
+  }
+  unlink(Host("h").c_str());
+  close(victim);
+  close(vdir);
 }
 
 TEST_F(LocalDirTest, CreatingThroughALinkThatClimbsOutIsRefused) {
