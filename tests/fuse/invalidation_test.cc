@@ -10,11 +10,17 @@
 // state after the host changed (the kernel cached it), then fires the change
 // and expects the new state within 1 s: without the notifications it would
 // stay hidden for the whole cache timeout.
+#include <signal.h>
+#include <sys/mount.h>
 #include <sys/stat.h>
+#include <sys/sysmacros.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <cstring>
+#include <fstream>
 #include <functional>
 #include <memory>
 #include <mutex>
@@ -63,7 +69,18 @@ class FiringBackend final : public vfs::Backend {
   }
 
   Result<Attr> Stat(const Caller& c, const Path& p) override {
+    std::function<void(const Path&)> hook;
+    {
+      std::lock_guard lock(mu_);
+      hook = before_stat_;
+    }
+    if (hook) hook(p);
     return inner_->Stat(c, p);
+  }
+  // `hook` runs before every Stat from now on.
+  void BeforeStat(std::function<void(const Path&)> hook) {
+    std::lock_guard lock(mu_);
+    before_stat_ = std::move(hook);
   }
   Result<std::vector<vfs::DirEntry>> ReadDir(const Caller& c,
                                              const Path& p) override {
@@ -136,8 +153,9 @@ class FiringBackend final : public vfs::Backend {
 
  private:
   std::unique_ptr<vfs::Backend> inner_;
-  mutable std::mutex mu_;  // guards listener_; held while calling it
+  mutable std::mutex mu_;  // guards listener_ (held while calling it)
   vfs::ChangeListener* listener_ = nullptr;
+  std::function<void(const Path&)> before_stat_;  // guarded by mu_
 };
 
 // A FuseServer serving `backend` on a thread of this process. Destruction
@@ -160,11 +178,23 @@ class InProcessMount {
     auto m = std::unique_ptr<InProcessMount>(new InProcessMount);
     m->mountpoint_ = mountpoint;
     m->server_ = std::move(*server);
-    m->loop_ = std::thread([s = m->server_.get()] {
+    m->loop_ = std::thread([s = m->server_.get(), ended = &m->ended_] {
       if (auto ok = s->Run(); !ok)
         ADD_FAILURE() << "FUSE loop: " << ok.error().ToString();
+      ended->store(true);
     });
     return m;
+  }
+
+  fuse::FuseServer& server() { return *server_; }
+  // Whether Run() returned within `limit`.
+  bool EndsWithin(std::chrono::milliseconds limit) const {
+    const auto until = std::chrono::steady_clock::now() + limit;
+    while (!ended_.load()) {
+      if (std::chrono::steady_clock::now() >= until) return false;
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    return true;
   }
 
   ~InProcessMount() {
@@ -189,6 +219,7 @@ class InProcessMount {
   std::string mountpoint_;
   std::unique_ptr<fuse::FuseServer> server_;
   std::thread loop_;
+  std::atomic<bool> ended_{false};
 };
 
 // Polls `shows` every 10 ms for up to 1 s (the promise: a change reported
@@ -384,6 +415,111 @@ TEST_F(InvalidationTest, TheViewListensWhileServingAndStopsAtUnmount) {
   mount_.reset();
   EXPECT_FALSE(ws_->HasListener());
   ws_->Fire("/f.txt");  // reaches nobody
+}
+
+// FUSE's control filesystem at /sys/fs/fuse/connections, mounted for the
+// test's lifetime when nothing had mounted it (as on Debian without
+// systemd's sys-fs-fuse-connections.mount).
+class FuseControl {
+ public:
+  static constexpr const char* kDir = "/sys/fs/fuse/connections";
+  FuseControl() {
+    if (testing::MountedView::IsMounted(kDir)) return;
+    mounted_ = mount("fusectl", kDir, "fusectl", 0, nullptr) == 0;
+    if (!mounted_) error_ = std::strerror(errno);
+  }
+  ~FuseControl() {
+    if (mounted_) umount2(kDir, MNT_DETACH);
+  }
+  FuseControl(const FuseControl&) = delete;
+  FuseControl& operator=(const FuseControl&) = delete;
+  const std::string& error() const { return error_; }
+
+ private:
+  bool mounted_ = false;
+  std::string error_;
+};
+
+// /sys/fs/fuse/connections/N of the mount at `mountpoint` ("" if unknown).
+std::string ConnectionDir(const std::string& mountpoint) {
+  struct stat st;
+  if (stat(mountpoint.c_str(), &st) != 0 || major(st.st_dev) != 0) return "";
+  return "/sys/fs/fuse/connections/" + std::to_string(minor(st.st_dev));
+}
+
+// Requests of the connection sent and not yet answered, or -1.
+int Waiting(const std::string& conn) {
+  std::ifstream in(conn + "/waiting");
+  int n = -1;
+  in >> n;
+  return in ? n : -1;
+}
+
+// A stop may come while the invalidation thread's notification waits for a
+// kernel lock that an unanswered request holds: a LOOKUP holds its
+// directory until answered, and invalidating an entry there takes it. The
+// loop has ended then, so the server must go on answering until the
+// notification is through; before, Run() never returned (nor did the
+// lookup), and the daemon hung at Ctrl-C. Staged: the loop is held inside
+// one request (stat of "slow") while a second one (a lookup in "dir") waits
+// behind it, the change of dir/y is fired, the stop signal arrives, and the
+// first request is let go.
+TEST_F(InvalidationTest, AStopWhileANotificationWaitsForARequestEnds) {
+  ASSERT_EQ(mkdir(Host("dir").c_str(), 0755), 0);
+  std::mutex mu;
+  std::condition_variable cv;
+  bool held = false, release = false;
+  ASSERT_TRUE(Mount());
+  ws_->BeforeStat([&](const Path& p) {
+    if (p.str() != "/slow") return;
+    std::unique_lock lock(mu);
+    held = true;
+    cv.notify_all();
+    cv.wait(lock, [&] { return release; });
+  });
+  auto let_go = [&] {
+    std::lock_guard lock(mu);
+    release = true;
+    cv.notify_all();
+  };
+  ASSERT_EQ(StatErrno(View("dir")), 0);  // the kernel knows dir
+  FuseControl control;
+  const std::string conn = ConnectionDir(root_.Sub("mnt"));
+  ASSERT_NE(Waiting(conn), -1)
+      << "no FUSE control files at " << conn << " " << control.error();
+  ASSERT_TRUE(mount_->server().HandleSignals());
+
+  std::thread slow([&] { StatErrno(View("slow")); });
+  // From here on nothing returns early: the threads are joined at the end,
+  // after the held request was let go.
+  {
+    std::unique_lock lock(mu);
+    EXPECT_TRUE(
+        cv.wait_for(lock, std::chrono::seconds(5), [&] { return held; }));
+  }
+  std::atomic<int> lookup = -1;
+  std::thread waiter([&] { lookup = StatErrno(View("dir/y")); });
+  for (int i = 0; i < 500 && Waiting(conn) < 2; ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  EXPECT_GE(Waiting(conn), 2) << "the lookup in dir was not sent";
+  ws_->Fire("/dir/y");
+  // Time for the notification to reach the kernel and wait for dir's lock.
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  kill(getpid(), SIGHUP);
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  let_go();
+
+  const bool ended = mount_->EndsWithin(std::chrono::seconds(5));
+  EXPECT_TRUE(ended) << "Run() did not return after the stop signal";
+  if (!ended) {
+    // Abort the connection, which ends the request and the notification,
+    // so that the mount can be cleaned up.
+    std::ofstream(conn + "/abort") << "1\n";
+  }
+  waiter.join();
+  slow.join();
+  if (ended)
+    EXPECT_EQ(lookup.load(), ENOENT) << "the waiting lookup was not answered";
 }
 
 }  // namespace

@@ -216,6 +216,8 @@ class FuseServer::Impl {
   void Teardown();
   void StartInvalidation();
   void StopInvalidation();
+  // Answers requests until the invalidation thread has returned.
+  void ServeWhileInvalidating();
 
   // --- node table -------------------------------------------------------
   // One node per backend file (keyed by st_dev/st_ino), so that hard links
@@ -756,6 +758,8 @@ class FuseServer::Impl {
   std::mutex inval_mu_;
   std::condition_variable_any inval_cv_;
   std::set<Path> pending_;
+  // True from StartInvalidation until InvalidationLoop has returned.
+  std::atomic<bool> invalidating_{false};
   std::jthread invalidator_;
 };
 
@@ -1858,24 +1862,53 @@ int FuseServer::Impl::PollingLoop() {
 
 void FuseServer::Impl::StartInvalidation() {
   if (listening_ || session_ == nullptr) return;
-  invalidator_ =
-      std::jthread([this](std::stop_token stop) { InvalidationLoop(stop); });
+  invalidating_.store(true, std::memory_order_release);
+  invalidator_ = std::jthread([this](std::stop_token stop) {
+    InvalidationLoop(stop);
+    invalidating_.store(false, std::memory_order_release);
+  });
   backend_.SetChangeListener(&receiver_);
   listening_ = true;
 }
 
-// A notification already sent waits for kernel locks that a request may
-// hold; with the loop gone nobody answers that request. Stopping as soon as
-// the loop ends (and skipping the rest once the session is exiting) keeps
-// that window to the one notification in flight.
+// A notification the thread has sent may wait for a kernel lock that a
+// request holds until it is answered: a LOOKUP holds its directory, which
+// invalidating an entry in it takes. The loop has ended (or never ran), so
+// nobody else would answer that request, and the join would wait forever
+// (as would the process that sent it). So requests are served here, as
+// usual, until the thread has returned; it stops after the notification in
+// flight.
 void FuseServer::Impl::StopInvalidation() {
   if (!listening_) return;
   backend_.SetChangeListener(nullptr);  // no Changed() after this returns
   listening_ = false;
   invalidator_.request_stop();
+  ServeWhileInvalidating();
   invalidator_.join();
   std::lock_guard lock(inval_mu_);
   pending_.clear();
+}
+
+void FuseServer::Impl::ServeWhileInvalidating() {
+  if (!invalidating_.load(std::memory_order_acquire)) return;
+  // libfuse drops (never answers) a request it reads while the session is
+  // marked exited; the loops clear the mark as they end, Teardown may not.
+  fuse_session_reset(session_);
+  const int fd = fuse_session_fd(session_);
+  fuse_buf buf{};
+  while (invalidating_.load(std::memory_order_acquire)) {
+    pollfd p{fd, POLLIN, 0};
+    const int n = poll(&p, 1, /*timeout ms=*/10);
+    if (n < 0 && errno != EINTR) break;
+    if (n <= 0) continue;
+    // The connection ended: the kernel ended the notification with it.
+    if (p.revents & (POLLERR | POLLHUP | POLLNVAL)) break;
+    const int res = fuse_session_receive_buf(session_, &buf);
+    if (res == -EAGAIN || res == -EINTR) continue;
+    if (res <= 0) break;
+    fuse_session_process_buf(session_, &buf);
+  }
+  free(buf.mem);
 }
 
 Status FuseServer::Impl::Run() {
