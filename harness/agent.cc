@@ -24,6 +24,40 @@ std::string Short(std::string s, size_t n = 60) {
   return s;
 }
 
+// `s` as a person may safely see it on a terminal: control characters (C0,
+// DEL, and C1 as UTF-8) written as \xNN (\n, \t, \r by name). Raw, a
+// model's command could carry "\r\x1b[2K" and make an approval prompt or a
+// progress line show something other than what runs.
+std::string Printable(const std::string& s) {
+  std::string out;
+  out.reserve(s.size());
+  char hex[8];
+  for (size_t i = 0; i < s.size(); ++i) {
+    const unsigned char c = static_cast<unsigned char>(s[i]);
+    if (c == '\n') {
+      out += "\\n";
+    } else if (c == '\t') {
+      out += "\\t";
+    } else if (c == '\r') {
+      out += "\\r";
+    } else if (c < 0x20 || c == 0x7f) {
+      std::snprintf(hex, sizeof hex, "\\x%02x", c);
+      out += hex;
+    } else if (c == 0xC2 && i + 1 < s.size() &&
+               static_cast<unsigned char>(s[i + 1]) >= 0x80 &&
+               static_cast<unsigned char>(s[i + 1]) <= 0x9f) {
+      // U+0080..U+009F: C1 controls (CSI is U+009B).
+      std::snprintf(hex, sizeof hex, "\\u%04x",
+                    static_cast<unsigned char>(s[i + 1]));
+      out += hex;
+      ++i;
+    } else {
+      out += static_cast<char>(c);
+    }
+  }
+  return out;
+}
+
 // What a call does, in one line: the command, or the command and every
 // path it names (normalised, so that approval rules see what will be
 // touched: /workspace//a/../b is /workspace/b).
@@ -33,13 +67,23 @@ std::string Argument(const ContentBlock& call) {
   if (in.contains("command") && call.name == "bash" &&
       in["command"].is_string())
     return in["command"].get<std::string>();
-  std::string what = in.value("command", std::string());
+  // The model chooses the input: a field of another type than the schema
+  // says must not throw (the tool itself then says what is wrong).
+  auto text = [&](const char* key) -> const std::string* {
+    auto it = in.find(key);
+    return it != in.end() && it->is_string() ? it->get_ptr<const std::string*>()
+                                             : nullptr;
+  };
+  std::string what = text("command") ? *text("command") : std::string();
   for (const char* key : {"path", "old_path", "new_path"}) {
-    if (!in.contains(key) || !in[key].is_string()) continue;
-    auto p = vfs::Path::Parse(in[key].get<std::string>());
-    what += " " + (p ? p->str() : in[key].get<std::string>());
+    const std::string* v = text(key);
+    if (v == nullptr) continue;
+    auto p = vfs::Path::Parse(*v);
+    what += " " + (p ? p->str() : *v);
   }
-  if (in.value("restart", false)) return "restart";
+  if (auto r = in.find("restart");
+      r != in.end() && r->is_boolean() && r->get<bool>())
+    return "restart";
   return what;
 }
 
@@ -81,6 +125,11 @@ std::string LastLine(const std::string& text) {
 }
 
 const json kStringProp = {{"type", "string"}};
+
+const char* const kCutByMaxTokens =
+    "Not run: your output reached max_tokens, so this call may be "
+    "incomplete. Send it again, shorter (e.g. write long content in several "
+    "steps).";
 
 const char* const kInterrupted =
     "This call was interrupted (the harness stopped while it ran); it may "
@@ -207,7 +256,7 @@ ToolResult Agent::RunTool(const ContentBlock& call) {
       }
     }
     if (!matches) continue;
-    std::string summary = call.name + ": " + arg;
+    std::string summary = call.name + ": " + Printable(arg);
     std::optional<bool> yes;
     if (options_.approve) yes = options_.approve(summary);
     if (!yes) yes = WaitForApproval(call.id, summary);
@@ -220,10 +269,18 @@ ToolResult Agent::RunTool(const ContentBlock& call) {
               true};
     break;
   }
-  if (call.name == "bash") return bash_.Run(call.input);
-  if (call.name == "str_replace_based_edit_tool")
-    return files_.Editor(call.input);
-  if (call.name == "memory") return files_.Memory(call.input);
+  try {
+    if (call.name == "bash") return bash_.Run(call.input);
+    if (call.name == "str_replace_based_edit_tool")
+      return files_.Editor(call.input);
+    if (call.name == "memory") return files_.Memory(call.input);
+  } catch (const json::exception& e) {
+    // A field of an unexpected type that a tool read without checking:
+    // the model is told, the session goes on.
+    return {std::string("Error: the input does not match the tool's schema (") +
+                e.what() + "); send it again with the documented fields",
+            true};
+  }
   return {"Error: there is no tool named '" + call.name +
               "'; use bash, str_replace_based_edit_tool or memory",
           true};
@@ -234,8 +291,9 @@ bool Agent::WaitForApproval(const std::string& call_id,
   auto asked = log_.Append(session_.id, "approval_requested",
                            {{"id", call_id}, {"summary", summary}});
   if (!asked) return false;
-  // Any answer for this call counts, also one given while an earlier run of
-  // the session waited for it (call ids are unique to one model call).
+  // Only an answer given after this request counts: call ids come from the
+  // model's server, and some reuse them (or send none), so an answer to an
+  // earlier call with the same id must not approve this one.
   session_.state = "waiting";
   (void)log_.Update(session_);
   Progress("[" + std::to_string(session_.steps) + "] waiting for approval of " +
@@ -249,7 +307,7 @@ bool Agent::WaitForApproval(const std::string& call_id,
   while (!answer && std::chrono::steady_clock::now() < deadline) {
     if (auto events = log_.Events(session_.user, session_.id)) {
       for (const auto& e : *events)
-        if (e.kind == "approval" &&
+        if (e.seq > *asked && e.kind == "approval" &&
             e.data.value("id", std::string()) == call_id)
           answer = e.data.value("yes", false);
     }
@@ -312,12 +370,13 @@ vfs::Result<Message> Agent::Answer(
       size_t lines = std::count(result.text.begin(), result.text.end(), '\n');
       char cost[32];
       std::snprintf(cost, sizeof(cost), "$%.4f", session_.cost_micros / 1e6);
-      Progress(
-          "[" + std::to_string(session_.steps) + "] " + b.name + ": " +
-          Short(Argument(b)) + " -> " + (result.is_error ? "error: " : "") +
-          Short(LastLine(result.text), 50) + " (" + std::to_string(lines + 1) +
-          " lines) | " + std::to_string(session_.input_tokens) + " in, " +
-          std::to_string(session_.output_tokens) + " out, " + cost);
+      Progress("[" + std::to_string(session_.steps) + "] " + b.name + ": " +
+               Printable(Short(Argument(b))) + " -> " +
+               (result.is_error ? "error: " : "") +
+               Printable(Short(LastLine(result.text), 50)) + " (" +
+               std::to_string(lines + 1) + " lines) | " +
+               std::to_string(session_.input_tokens) + " in, " +
+               std::to_string(session_.output_tokens) + " out, " + cost);
     }
     reply.content.push_back(
         ContentBlock::ToolResult(b.id, result.text, result.is_error));
@@ -369,10 +428,11 @@ vfs::Result<Outcome> Agent::Loop(std::vector<Message> messages) {
         if (b.kind == ContentBlock::Kind::kText) text += b.text;
       if (r->stop_reason == "refusal") {
         Progress("[" + std::to_string(session_.steps) +
-                 "] refused: " + Short(text));
+                 "] refused: " + Printable(Short(text)));
         return Stop("failed", "the model refused the request", text);
       }
-      Progress("[" + std::to_string(session_.steps) + "] done: " + Short(text));
+      Progress("[" + std::to_string(session_.steps) +
+               "] done: " + Printable(Short(text)));
       return Stop("done",
                   r->stop_reason == "max_tokens"
                       ? "the model stopped at its output limit"
@@ -382,14 +442,21 @@ vfs::Result<Outcome> Agent::Loop(std::vector<Message> messages) {
     if (r->stop_reason == "max_tokens") {
       // The output was cut: its last call may be incomplete. None is run;
       // each is answered so, and the model tries again.
+      // Each answer is recorded, so a resume replays it and never runs
+      // the call.
       std::map<std::string, ToolResult> cut;
-      for (const auto& b : r->message.content)
-        if (b.kind == ContentBlock::Kind::kToolUse)
-          cut[b.id] = {
-              "Not run: your output reached max_tokens, so this call "
-              "may be incomplete. Send it again, shorter (e.g. write "
-              "long content in several steps).",
-              true};
+      for (const auto& b : r->message.content) {
+        if (b.kind != ContentBlock::Kind::kToolUse) continue;
+        cut[b.id] = {kCutByMaxTokens, true};
+        if (auto ok = log_.Append(session_.id, "tool_finished",
+                                  {{"id", b.id},
+                                   {"name", b.name},
+                                   {"result", kCutByMaxTokens},
+                                   {"is_error", true},
+                                   {"not_run", true}});
+            !ok)
+          return std::unexpected(ok.error());
+      }
       auto reply = Answer(r->message, cut);
       if (!reply) return std::unexpected(reply.error());
       messages.push_back(std::move(*reply));
@@ -482,6 +549,12 @@ vfs::Result<Outcome> Agent::Resume() {
       started.clear();
       auto m = MessageFromJson(e.data.value("message", json()));
       if (!m) return std::unexpected(m.error());
+      // Calls of an output cut at max_tokens were never run, and never
+      // are (logs written before their answers were recorded).
+      if (e.data.value("stop_reason", json()) == "max_tokens")
+        for (const auto& b : m->content)
+          if (b.kind == ContentBlock::Kind::kToolUse)
+            done[b.id] = ToolResult{kCutByMaxTokens, true};
       messages.push_back(std::move(*m));
     } else if (e.kind == "tool_started") {
       started[e.data.value("id", std::string())] = true;

@@ -249,33 +249,41 @@ class AnthropicClient final : public ModelClient {
         body.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace),
         "ANTHROPIC_API_KEY", &out.attempts);
     if (!r) return std::unexpected(r.error());
-    json j = json::parse(r->body, nullptr, false);
-    if (!j.is_object() || !j.contains("content") || !j["content"].is_array())
-      return Fail(EPROTO,
-                  "the Messages API answered something else than a "
-                  "message: " +
-                      r->body.substr(0, 200));
-    out.message.role = "assistant";
-    for (const auto& c : j["content"]) {
-      std::string type = c.value("type", "");
-      if (type == "text") {
-        out.message.content.push_back(
-            ContentBlock::Text(c.value("text", std::string())));
-      } else if (type == "tool_use") {
-        out.message.content.push_back(ContentBlock::ToolUse(
-            c.value("id", std::string()), c.value("name", std::string()),
-            c.contains("input") ? c["input"] : json::object()));
+    // A field of an unexpected type (a server that is not quite the API)
+    // is a protocol error, not a crash.
+    try {
+      json j = json::parse(r->body, nullptr, false);
+      if (!j.is_object() || !j.contains("content") || !j["content"].is_array())
+        return Fail(EPROTO,
+                    "the Messages API answered something else than a "
+                    "message: " +
+                        r->body.substr(0, 200));
+      out.message.role = "assistant";
+      for (const auto& c : j["content"]) {
+        std::string type = c.value("type", "");
+        if (type == "text") {
+          out.message.content.push_back(
+              ContentBlock::Text(c.value("text", std::string())));
+        } else if (type == "tool_use") {
+          out.message.content.push_back(ContentBlock::ToolUse(
+              c.value("id", std::string()), c.value("name", std::string()),
+              c.contains("input") ? c["input"] : json::object()));
+        }
+        // Other block types (thinking, ...) are not kept.
       }
-      // Other block types (thinking, ...) are not kept.
-    }
-    out.stop_reason = j.value("stop_reason", std::string());
-    out.model = j.value("model", config_.model);
-    if (auto u = j.find("usage"); u != j.end() && u->is_object()) {
-      for (const char* k : {"input_tokens", "cache_creation_input_tokens",
-                            "cache_read_input_tokens"})
-        if (u->contains(k) && (*u)[k].is_number_integer())
-          out.usage.input_tokens += (*u)[k].get<int64_t>();
-      out.usage.output_tokens = u->value("output_tokens", int64_t{0});
+      out.stop_reason = j.value("stop_reason", std::string());
+      out.model = j.value("model", config_.model);
+      if (auto u = j.find("usage"); u != j.end() && u->is_object()) {
+        for (const char* k : {"input_tokens", "cache_creation_input_tokens",
+                              "cache_read_input_tokens"})
+          if (u->contains(k) && (*u)[k].is_number_integer())
+            out.usage.input_tokens += (*u)[k].get<int64_t>();
+        out.usage.output_tokens = u->value("output_tokens", int64_t{0});
+      }
+    } catch (const json::exception& e) {
+      return Fail(EPROTO, std::string("the Messages API answered a message "
+                                      "of an unexpected shape: ") +
+                              e.what());
     }
     return out;
   }
@@ -304,42 +312,50 @@ class OpenAiClient final : public ModelClient {
         body.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace),
         "OPENAI_API_KEY", &out.attempts);
     if (!r) return std::unexpected(r.error());
-    json j = json::parse(r->body, nullptr, false);
-    if (!j.is_object() || !j.contains("choices") || !j["choices"].is_array() ||
-        j["choices"].empty() || !j["choices"][0].is_object())
-      return Fail(EPROTO,
-                  "the Chat Completions API answered something else "
-                  "than a completion: " +
-                      r->body.substr(0, 200));
-    const json& choice = j["choices"][0];
-    const json msg = choice.value("message", json::object());
-    out.message.role = "assistant";
-    if (msg.contains("content") && msg["content"].is_string() &&
-        !msg["content"].get<std::string>().empty())
-      out.message.content.push_back(
-          ContentBlock::Text(msg["content"].get<std::string>()));
-    if (msg.contains("tool_calls") && msg["tool_calls"].is_array()) {
-      for (const auto& call : msg["tool_calls"]) {
-        const json fn = call.value("function", json::object());
-        std::string args = fn.value("arguments", std::string("{}"));
-        json input = json::parse(args, nullptr, false);
-        // Arguments that are not JSON reach the tool as a string, which it
-        // refuses with a message the model can act on.
-        if (input.is_discarded()) input = args;
+    try {
+      json j = json::parse(r->body, nullptr, false);
+      if (!j.is_object() || !j.contains("choices") ||
+          !j["choices"].is_array() || j["choices"].empty() ||
+          !j["choices"][0].is_object())
+        return Fail(EPROTO,
+                    "the Chat Completions API answered something else "
+                    "than a completion: " +
+                        r->body.substr(0, 200));
+      const json& choice = j["choices"][0];
+      const json msg = choice.value("message", json::object());
+      out.message.role = "assistant";
+      if (msg.contains("content") && msg["content"].is_string() &&
+          !msg["content"].get<std::string>().empty())
         out.message.content.push_back(
-            ContentBlock::ToolUse(call.value("id", std::string()),
-                                  fn.value("name", std::string()), input));
+            ContentBlock::Text(msg["content"].get<std::string>()));
+      if (msg.contains("tool_calls") && msg["tool_calls"].is_array()) {
+        for (const auto& call : msg["tool_calls"]) {
+          const json fn = call.value("function", json::object());
+          std::string args = fn.value("arguments", std::string("{}"));
+          json input = json::parse(args, nullptr, false);
+          // Arguments that are not JSON reach the tool as a string, which it
+          // refuses with a message the model can act on.
+          if (input.is_discarded()) input = args;
+          out.message.content.push_back(
+              ContentBlock::ToolUse(call.value("id", std::string()),
+                                    fn.value("name", std::string()), input));
+        }
       }
-    }
-    std::string finish = choice.value("finish_reason", std::string());
-    out.stop_reason = finish == "tool_calls" ? "tool_use"
-                      : finish == "length"   ? "max_tokens"
-                      : finish == "stop"     ? "end_turn"
-                                             : finish;
-    out.model = j.value("model", config_.model);
-    if (auto u = j.find("usage"); u != j.end() && u->is_object()) {
-      out.usage.input_tokens = u->value("prompt_tokens", int64_t{0});
-      out.usage.output_tokens = u->value("completion_tokens", int64_t{0});
+      std::string finish = choice.value("finish_reason", std::string());
+      out.stop_reason = finish == "tool_calls" ? "tool_use"
+                        : finish == "length"   ? "max_tokens"
+                        : finish == "stop"     ? "end_turn"
+                                               : finish;
+      out.model = j.value("model", config_.model);
+      if (auto u = j.find("usage"); u != j.end() && u->is_object()) {
+        out.usage.input_tokens = u->value("prompt_tokens", int64_t{0});
+        out.usage.output_tokens = u->value("completion_tokens", int64_t{0});
+      }
+    } catch (const json::exception& e) {
+      return Fail(EPROTO,
+                  std::string("the Chat Completions API answered a completion "
+                              "of an unexpected shape: ") +
+                      e.what());
     }
     return out;
   }

@@ -398,6 +398,125 @@ TEST_F(AgentTest, CallsCutByMaxTokensAreNotRun) {
   EXPECT_THAT(result["content"].get<std::string>(), HasSubstr("max_tokens"));
 }
 
+// A cut call's answer is recorded: a session that stops right after (here
+// on its step budget) and is resumed never runs the call it cut.
+TEST_F(AgentTest, ACallCutByMaxTokensIsNotRunWhenTheSessionIsResumed) {
+  json cut = ToolUse("t1", "bash", {{"command", "echo ran > /workspace/cut"}});
+  cut["body"]["stop_reason"] = "max_tokens";
+  FakeApi api{cut, Final("ok")};
+  auto client = Client(api);
+  AgentOptions tight;
+  tight.budget.steps = 1;
+  auto out = MakeAgent(*client, tight).Start("Go.");
+  ASSERT_TRUE(out.has_value()) << out.error().message;
+  ASSERT_EQ(out->state, "budget");
+  AgentOptions roomy;
+  roomy.budget.steps = 10;
+  auto again = MakeAgent(*client, roomy).Resume();
+  ASSERT_TRUE(again.has_value()) << again.error().message;
+  EXPECT_EQ(again->state, "done");
+  EXPECT_FALSE(ReadFile(ws_->Sub("cut")).has_value()) << "the cut call ran";
+  const json result = api.Requests().at(1)["body"]["messages"][2]["content"][0];
+  EXPECT_EQ(result["is_error"], true);
+  EXPECT_THAT(result["content"].get<std::string>(), HasSubstr("max_tokens"));
+}
+
+// The model writes the tool input: fields of another type than the schema
+// says are errors it can correct, never a crash of the harness.
+TEST_F(AgentTest, AToolInputOfTheWrongTypeIsAnErrorNotACrash) {
+  FakeApi api{ToolUse("t1", "bash", {{"restart", "true"}}),
+              ToolUse("t2", "memory", {{"command", 5}}),
+              ToolUse("t3", "str_replace_based_edit_tool",
+                      {{"command", "view"}, {"path", 7}}),
+              Final("ok")};
+  auto client = Client(api);
+  AgentOptions options;
+  options.approvals = {{"", "never matches this"}};  // reads every input
+  auto out = MakeAgent(*client, options).Start("Go.");
+  ASSERT_TRUE(out.has_value()) << out.error().message;
+  EXPECT_EQ(out->state, "done");
+  for (int i = 1; i <= 3; ++i) {
+    const json result =
+        api.Requests().at(i)["body"]["messages"][2 * i]["content"][0];
+    EXPECT_EQ(result["is_error"], true) << result.dump();
+  }
+}
+
+// A reply of an unexpected shape from the model's server ends the session
+// as failed (resumable) with a protocol error, not with a crash.
+TEST_F(AgentTest, AModelReplyOfAnUnexpectedShapeFailsTheSession) {
+  json odd = Final("x");
+  odd["body"]["content"] = json::array({5, "text"});
+  json null_reason = Final("y");
+  null_reason["body"]["stop_reason"] = 42;
+  for (const json& reply : {odd, null_reason}) {
+    FakeApi api{reply};
+    auto client = Client(api);
+    auto out = MakeAgent(*client).Start("Go.");
+    ASSERT_TRUE(out.has_value()) << out.error().message;
+    EXPECT_EQ(out->state, "failed");
+    EXPECT_THAT(out->reason, HasSubstr("unexpected shape"));
+  }
+}
+
+// What a person is asked to approve is what runs, shown so that no control
+// character can rewrite the line on a terminal.
+TEST_F(AgentTest, AnApprovalShowsControlCharactersEscaped) {
+  FakeApi api{ToolUse("t1", "bash",
+                      {{"command",
+                        "rm -rf /workspace/keep #\r\x1b[2Kbash: ls\xc2\x9b"}}),
+              Final("ok")};
+  ASSERT_EQ(mkdir(ws_->Sub("keep").c_str(), 0755), 0);
+  auto client = Client(api);
+  AgentOptions options;
+  options.approvals = {{"bash", "rm -rf"}};
+  std::vector<std::string> asked;
+  options.approve = [&](const std::string& summary) {
+    asked.push_back(summary);
+    return false;
+  };
+  auto out = MakeAgent(*client, options).Start("Go.");
+  ASSERT_TRUE(out.has_value()) << out.error().message;
+  ASSERT_EQ(asked.size(), 1u);
+  EXPECT_EQ(asked[0].find_first_of("\r\x1b"), std::string::npos) << asked[0];
+  EXPECT_EQ(asked[0].find("\xc2\x9b"), std::string::npos) << asked[0];
+  EXPECT_THAT(asked[0], HasSubstr("rm -rf /workspace/keep #\\r\\x1b[2K"));
+  for (const auto& l : lines_)
+    EXPECT_EQ(l.find_first_of("\r\x1b"), std::string::npos) << l;
+}
+
+// Call ids come from the model's server; an answer given to an earlier
+// call with the same id does not approve a later one.
+TEST_F(AgentTest, AnAnswerToAnEarlierCallWithTheSameIdApprovesNothingElse) {
+  FakeApi api{ToolUse("same", "bash", {{"command", "echo 1 > /workspace/one"}}),
+              ToolUse("same", "bash", {{"command", "echo 2 > /workspace/two"}}),
+              Final("ok")};
+  auto client = Client(api);
+  AgentOptions options;
+  options.approvals = {{"bash", ""}};
+  options.approve = [](const std::string&) { return std::nullopt; };
+  options.approval_timeout_s = 1.5;
+  std::thread person([this] {  // approves the first request only
+    for (int i = 0; i < 200; ++i) {
+      auto events = log_->Events("alice", session_.id);
+      for (const auto& e : *events)
+        if (e.kind == "approval_requested") {
+          EXPECT_TRUE(harness::RecordApproval(*log_, "alice", session_.id,
+                                              "same", true));
+          return;
+        }
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    ADD_FAILURE() << "no approval was requested";
+  });
+  auto out = MakeAgent(*client, options).Start("Go.");
+  person.join();
+  ASSERT_TRUE(out.has_value()) << out.error().message;
+  EXPECT_EQ(ReadFile(ws_->Sub("one")), "1\n");
+  EXPECT_FALSE(ReadFile(ws_->Sub("two")).has_value())
+      << "the second call ran on the first call's approval";
+}
+
 TEST_F(AgentTest, AModelFailureStopsTheSessionResumably) {
   FakeApi api{{{"status", 400}, {"body", {{"error", {{"message", "bad"}}}}}},
               Final("fine now")};
