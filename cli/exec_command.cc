@@ -147,6 +147,7 @@ int RunInSandbox(const ExecArgs& a, bool interactive) {
   sandbox::SandboxOptions options;
   options.workspace = a.workspace;
   options.limits = *limits;
+  options.secret_paths = SecretFiles(a.store);
   auto view = std::make_unique<router::Router>();
   bool with_store = !a.no_store && (!a.store.store.empty() ||
                                     ResolveStoreName(a.store).has_value());

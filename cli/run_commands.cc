@@ -40,18 +40,11 @@ struct RunArgs {
   std::string session;  // resume, show
 };
 
-std::string ConfigPath() {
-  if (const char* env = std::getenv("AGENTVFS_CONFIG"); env && *env) return env;
-  if (const char* home = std::getenv("HOME"); home && *home)
-    return std::string(home) + "/.config/agentvfs/config.yaml";
-  return "";
-}
-
 // Fills the model settings and options from flags, then the config file.
 vfs::Status Configure(const RunArgs& a, harness::ClientConfig& client,
                       harness::AgentOptions& options) {
   YAML::Node root;
-  std::string path = ConfigPath();
+  std::string path = ConfigFilePath();
   if (!path.empty() && std::filesystem::exists(path)) {
     try {
       root = YAML::LoadFile(path);
@@ -196,6 +189,7 @@ int Drive(const RunArgs& a, bool resume) {
   so.workspace = workspace;
   so.view = router.get();
   so.identity = session->caller;
+  so.secret_paths = SecretFiles(a.store);
   auto sb = sandbox::Sandbox::Create(so);
   if (!sb) return Report(cmd, sb.error());
   harness::FileTools files(*router, session->caller);

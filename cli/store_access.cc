@@ -27,12 +27,7 @@ vfs::Result<std::string> ResolveStoreName(const StoreFlags& flags) {
   if (const char* env = std::getenv("AGENTVFS_STORE"); env && *env) {
     return std::string(env);
   }
-  std::string config;
-  if (const char* env = std::getenv("AGENTVFS_CONFIG"); env && *env) {
-    config = env;
-  } else if (const char* home = std::getenv("HOME"); home && *home) {
-    config = std::string(home) + "/.config/agentvfs/config.yaml";
-  }
+  const std::string config = ConfigFilePath();
   if (!config.empty() && std::filesystem::exists(config)) {
     try {
       YAML::Node root = YAML::LoadFile(config);
@@ -44,6 +39,29 @@ vfs::Result<std::string> ResolveStoreName(const StoreFlags& flags) {
   return vfs::Fail(EINVAL,
                    "no store given: pass --store PATH, set AGENTVFS_STORE, or "
                    "put `store: PATH` in ~/.config/agentvfs/config.yaml");
+}
+
+std::string ConfigFilePath() {
+  if (const char* env = std::getenv("AGENTVFS_CONFIG"); env && *env) return env;
+  if (const char* home = std::getenv("HOME"); home && *home)
+    return std::string(home) + "/.config/agentvfs/config.yaml";
+  return "";
+}
+
+std::vector<std::string> SecretFiles(const StoreFlags& flags) {
+  std::vector<std::string> out;
+  if (auto name = ResolveStoreName(flags);
+      name && !name->starts_with("postgresql://") &&
+      !name->starts_with("postgres://")) {
+    std::string db = name->starts_with("sqlite:") ? name->substr(7) : *name;
+    for (const char* suffix : {"", "-wal", "-shm", "-journal"})
+      out.push_back(db + suffix);
+  }
+  if (!flags.token_file.empty()) out.push_back(flags.token_file);
+  if (std::string config = ConfigFilePath();
+      !config.empty() && std::filesystem::exists(config))
+    out.push_back(config);
+  return out;
 }
 
 vfs::Result<std::string> ResolveToken(const StoreFlags& flags) {

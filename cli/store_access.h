@@ -10,6 +10,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "backends/store/store.h"
 #include "vfs/caller.h"
@@ -29,6 +30,14 @@ void AddStoreFlags(CLI::App* cmd, StoreFlags* flags, bool with_token = true);
 // The store's name after flags, environment and config file; EINVAL with
 // what to do when none is set.
 vfs::Result<std::string> ResolveStoreName(const StoreFlags& flags);
+
+// The config file: $AGENTVFS_CONFIG, else ~/.config/agentvfs/config.yaml
+// ("" without HOME). It need not exist.
+std::string ConfigFilePath();
+
+// Host files a sandbox must never see: the SQLite store named by the flags
+// (and its -wal, -shm, -journal), the token file, the config file.
+std::vector<std::string> SecretFiles(const StoreFlags& flags);
 
 // The token from --token-file or $AGENTVFS_TOKEN (EACCES when neither).
 vfs::Result<std::string> ResolveToken(const StoreFlags& flags);

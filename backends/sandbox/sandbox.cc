@@ -758,6 +758,48 @@ std::string FindInit(const std::string& configured) {
 
 }  // namespace
 
+namespace {
+
+// `path` with every symlink resolved; a file that does not exist (yet: a
+// -wal) by its resolved directory. Empty when even that is missing.
+std::string Resolved(const std::string& path) {
+  char real[PATH_MAX];
+  if (realpath(path.c_str(), real) != nullptr) return real;
+  std::filesystem::path p(path);
+  if (!p.has_filename() ||
+      realpath(p.parent_path().empty() ? "." : p.parent_path().c_str(), real) ==
+          nullptr)
+    return "";
+  return (std::filesystem::path(real) / p.filename()).string();
+}
+
+// EINVAL when a secret lies under a directory the sandbox sees.
+vfs::Status NoSecretInside(const SandboxOptions& o) {
+  std::vector<std::pair<std::string, std::string>> seen = {
+      {o.workspace, "the workspace"}};
+  for (const auto& b : o.extra_ro_binds) seen.push_back({b, "the bind " + b});
+  for (const char* sys :
+       {"/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32"})
+    seen.push_back({sys, std::string("the system directory ") + sys});
+  for (const auto& secret : o.secret_paths) {
+    const std::string file = Resolved(secret);
+    if (file.empty()) continue;
+    for (const auto& [dir, what] : seen) {
+      const std::string d = Resolved(dir);
+      if (d.empty()) continue;
+      if (file == d || file.starts_with(d == "/" ? d : d + "/"))
+        return Fail(EINVAL,
+                    secret + " is inside " + what + " (" + d +
+                        "), where the sandbox could read it; keep the "
+                        "store, the token file and the config file outside "
+                        "the directories the sandbox sees");
+    }
+  }
+  return {};
+}
+
+}  // namespace
+
 vfs::Result<std::unique_ptr<Sandbox>> Sandbox::Create(SandboxOptions options) {
   if (options.workspace.empty())
     return Fail(EINVAL, "no workspace directory given");
@@ -770,6 +812,8 @@ vfs::Result<std::unique_ptr<Sandbox>> Sandbox::Create(SandboxOptions options) {
     return Fail(ENOTDIR,
                 "workspace '" + options.workspace + "' is not a directory");
   options.workspace = real;
+  if (auto ok = NoSecretInside(options); !ok)
+    return std::unexpected(ok.error());
   const bool root = geteuid() == 0;
   if (!root && ((options.host_uid && *options.host_uid != geteuid()) ||
                 (options.host_gid && *options.host_gid != getegid())))

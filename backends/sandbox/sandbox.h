@@ -92,6 +92,11 @@ struct SandboxOptions {
   std::string hostname = "sandbox";
   // Host paths made visible read-only at the same place (e.g. /opt/tools).
   std::vector<std::string> extra_ro_binds;
+  // Host files the sandbox must never see: the store's database (with its
+  // -wal, -shm and -journal), the token file, the config file with an API
+  // key. Create refuses (EINVAL) when one of them lies in the workspace, an
+  // extra bind or the system directories bound into the sandbox.
+  std::vector<std::string> secret_paths;
   Limits limits;  // defaults for commands that name none
 };
 

@@ -54,6 +54,8 @@ class RunCliTest : public ::testing::Test {
     ASSERT_TRUE(store.has_value()) << store.error().message;
     store_ = std::move(*store);
     ws_ = std::make_unique<testing::TempDir>("agentvfs-run-ws");
+    // Outside the workspace: the sandbox must never see a config file.
+    conf_ = std::make_unique<testing::TempDir>("agentvfs-run-conf");
   }
   testing::CommandResult Agentvfs(std::vector<std::string> args,
                                   const FakeApi* api = nullptr) {
@@ -62,12 +64,13 @@ class RunCliTest : public ::testing::Test {
                              store_->TokenFile("dev")});
     CommandOptions o;
     o.env = {{"ANTHROPIC_API_KEY", "test-key"},
-             {"AGENTVFS_CONFIG", ws_->Sub("no-config.yaml")}};
+             {"AGENTVFS_CONFIG", conf_->Sub("no-config.yaml")}};
     if (api) o.env["ANTHROPIC_BASE_URL"] = api->Url();
     return RunCommand(args, o);
   }
   std::unique_ptr<testing::StoreFixture> store_;
   std::unique_ptr<testing::TempDir> ws_;
+  std::unique_ptr<testing::TempDir> conf_;
 };
 
 TEST_F(RunCliTest, ARunPrintsOneLinePerStepAndIsListedAndShown) {
@@ -154,7 +157,7 @@ TEST_F(RunCliTest, AHarnessKilledDuringACallResumesWithoutRunningItTwice) {
   if (child == 0) {
     setenv("ANTHROPIC_API_KEY", "k", 1);
     setenv("ANTHROPIC_BASE_URL", api.Url().c_str(), 1);
-    setenv("AGENTVFS_CONFIG", ws_->Sub("no-config.yaml").c_str(), 1);
+    setenv("AGENTVFS_CONFIG", conf_->Sub("no-config.yaml").c_str(), 1);
     int null = open("/dev/null", O_RDWR);
     dup2(null, 0);
     dup2(null, 1);
@@ -195,7 +198,7 @@ TEST_F(RunCliTest, AHarnessKilledDuringACallResumesWithoutRunningItTwice) {
 }
 
 TEST_F(RunCliTest, ACallIsDeniedFromAnotherTerminal) {
-  std::ofstream(ws_->Sub("config.yaml"))
+  std::ofstream(conf_->Sub("config.yaml"))
       << "approvals: [{tool: bash, pattern: \"rm -rf\"}]\n";
   ASSERT_EQ(mkdir(ws_->Sub("keep").c_str(), 0755), 0);
   FakeApi api{Bash("t1", "rm -rf /workspace/keep"), Final("Left it.")};
@@ -204,7 +207,7 @@ TEST_F(RunCliTest, ACallIsDeniedFromAnotherTerminal) {
     CommandOptions o;
     o.env = {{"ANTHROPIC_API_KEY", "k"},
              {"ANTHROPIC_BASE_URL", api.Url()},
-             {"AGENTVFS_CONFIG", ws_->Sub("config.yaml")}};
+             {"AGENTVFS_CONFIG", conf_->Sub("config.yaml")}};
     run = RunCommand(
         {AGENTVFS_BINARY, "run", "--workspace", ws_->path(), "--store",
          store_->db(), "--token-file", store_->TokenFile("dev"), "Clean up."},
@@ -217,7 +220,11 @@ TEST_F(RunCliTest, ACallIsDeniedFromAnotherTerminal) {
     if (list.output.find("waiting") != std::string::npos)
       id = list.output.substr(list.output.find("\nrun-") + 1, 20);
   }
-  ASSERT_FALSE(id.empty()) << "the session never waited for approval";
+  if (id.empty()) {
+    ADD_FAILURE() << "the session never waited for approval";
+    runner.join();  // the run's own timeout ends it
+    return;
+  }
   auto deny = Agentvfs({"deny", id, "t1"});
   EXPECT_EQ(deny.exit_status, 0) << deny.output;
   runner.join();
@@ -237,7 +244,7 @@ namespace {
 
 TEST_F(RunCliTest, TheModelAndKeyMayComeFromTheConfigFile) {
   FakeApi api{Final("Hi.")};
-  std::ofstream(ws_->Sub("config.yaml"))
+  std::ofstream(conf_->Sub("config.yaml"))
       << "provider: anthropic\nmodel: claude-from-config\napi_key: "
          "key-from-config\nbase_url: "
       << api.Url()
@@ -246,7 +253,7 @@ TEST_F(RunCliTest, TheModelAndKeyMayComeFromTheConfigFile) {
       {AGENTVFS_BINARY, "run", "--workspace", ws_->path(), "--store",
        store_->db(), "--token-file", store_->TokenFile("dev"), "Say hi."},
       CommandOptions{.env = {{"ANTHROPIC_API_KEY", ""},
-                             {"AGENTVFS_CONFIG", ws_->Sub("config.yaml")}}});
+                             {"AGENTVFS_CONFIG", conf_->Sub("config.yaml")}}});
   EXPECT_EQ(r.exit_status, 0) << r.output;
   auto reqs = api.Requests();
   ASSERT_EQ(reqs.size(), 1u);

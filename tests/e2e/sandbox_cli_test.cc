@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <filesystem>
 #include <fstream>
 
 #include "tests/support/files.h"
@@ -101,6 +102,51 @@ TEST_F(SandboxCliTest, ExecReportsTimeoutsSignalsAndBadInput) {
   auto outside = Exec({"true"}, {"--cwd", "/etc"});
   EXPECT_EQ(outside.exit_status, 2);
   EXPECT_THAT(outside.output, HasSubstr("outside the view"));
+}
+
+// The sandbox never sees the store, the token or a config file that may
+// hold an API key: a workspace (or bind) holding one is refused before
+// anything runs.
+TEST_F(SandboxCliTest, AWorkspaceHoldingTheStoreTheTokenOrTheConfigIsRefused) {
+  const std::string db_dir =
+      std::filesystem::path(store_->db()).parent_path().string();
+  const std::string token_in_ws = ws_->Sub("token");
+  std::filesystem::copy_file(store_->TokenFile("dev"), token_in_ws);
+  const std::string config_in_ws = ws_->Sub("config.yaml");
+  { std::ofstream(config_in_ws) << "api_key: sk-test\n"; }
+  struct Case {
+    std::string what;
+    std::vector<std::string> argv;
+    std::map<std::string, std::string> env;
+  };
+  const std::vector<Case> cases = {
+      {"store",
+       {AGENTVFS_BINARY, "exec", "--workspace", db_dir, "--store", store_->db(),
+        "--token-file", store_->TokenFile("dev")},
+       {}},
+      {"token",
+       {AGENTVFS_BINARY, "exec", "--workspace", ws_->path(), "--store",
+        store_->db(), "--token-file", token_in_ws},
+       {}},
+      {"config",
+       {AGENTVFS_BINARY, "exec", "--workspace", ws_->path(), "--store",
+        store_->db(), "--token-file", store_->TokenFile("dev")},
+       {{"AGENTVFS_CONFIG", config_in_ws}}},
+  };
+  for (const auto& c : cases) {
+    auto argv = c.argv;
+    argv.insert(argv.end(), {"--", "touch", "/workspace/ran"});
+    auto env = c.env;
+    env["XDG_RUNTIME_DIR"] = state_->path();
+    auto r = RunCommand(argv, CommandOptions{.env = env});
+    EXPECT_NE(r.exit_status, 0) << c.what;
+    EXPECT_THAT(r.output, HasSubstr("where the sandbox could read it"))
+        << c.what;
+    struct stat st;
+    EXPECT_NE(stat(ws_->Sub("ran").c_str(), &st), 0) << c.what;
+    EXPECT_NE(stat((db_dir + "/ran").c_str(), &st), 0) << c.what;
+  }
+  EXPECT_EQ(SessionDirs(), 0u);
 }
 
 TEST_F(SandboxCliTest, AWrongTokenRunsNothing) {
