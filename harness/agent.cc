@@ -527,7 +527,12 @@ vfs::Result<Outcome> Agent::Resume() {
                            " is being run by another harness (" +
                            session_.config["owner"].get<std::string>() +
                            "); wait for it to end, or stop it first");
+  // Claimed before anything runs, and only if no other harness claimed it
+  // since this one read it.
+  const std::string was = session_.state;
   session_.config["owner"] = OwnerStamp();
+  session_.state = "running";
+  if (auto ok = log_.Claim(session_); !ok) return std::unexpected(ok.error());
   elapsed_before_ms_ = session_.elapsed_ms;
   auto events = log_.Events(session_.user, session_.id);
   if (!events) return std::unexpected(events.error());
@@ -575,8 +580,12 @@ vfs::Result<Outcome> Agent::Resume() {
       std::string text;
       for (const auto& b : last.content)
         if (b.kind == ContentBlock::Kind::kText) text += b.text;
-      if (session_.state == "done")
+      if (was == "done") {
+        session_.state = "done";
+        if (auto ok = log_.Update(session_); !ok)
+          return std::unexpected(ok.error());
         return Outcome{"done", session_.reason, text};
+      }
       run_started_ = std::chrono::steady_clock::now();
       return Stop("done", "the model finished", text);
     }

@@ -126,6 +126,25 @@ ToolResult FileTools::Run(const json& input, bool memory) {
     if (memory && !p->HasPrefix(MemoriesRoot()))
       return Fail(EINVAL, "the memory tool works in /memories only; '" + *text +
                               "' is outside it");
+    if (memory) {
+      // Nor through a symlink in /memories, which may lead anywhere in the
+      // store (/skills): every existing component is checked. (Grants hold
+      // whatever path is taken; this keeps the tool where it says it is.)
+      vfs::Path at = MemoriesRoot();
+      const auto names = p->Components();
+      for (size_t i = 1; i < names.size(); ++i) {
+        auto next = at.Child(names[i]);
+        if (!next) break;
+        at = *next;
+        auto st = router_.Stat(caller_, at);
+        if (!st) break;  // missing (to be created) or hidden: the call says
+        if (S_ISLNK(st->st_mode))
+          return Fail(EINVAL, "'" + at.str() +
+                                  "' is a symlink; the memory tool does not "
+                                  "follow links (use the path it names, or "
+                                  "bash)");
+      }
+    }
     return *p;
   };
 

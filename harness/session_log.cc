@@ -149,4 +149,25 @@ vfs::Status SessionLog::Update(const SessionInfo& s) {
   });
 }
 
+vfs::Status SessionLog::Claim(SessionInfo& s) {
+  const int64_t now = NowNs();
+  auto ok = engine_.Write(Durability::kFull, [&](Txn& txn) -> vfs::Status {
+    auto r = txn.Exec(
+        "UPDATE sessions SET state = ?, reason = ?, updated_ns = ?, "
+        "config = ? WHERE id = ? AND updated_ns = ?",
+        {s.state, s.reason, now,
+         s.config.dump(-1, ' ', false,
+                       nlohmann::json::error_handler_t::replace),
+         s.id, s.updated_ns});
+    if (!r) return std::unexpected(r.error());
+    if (*r == 0)
+      return vfs::Fail(EBUSY, "session " + s.id +
+                                  " was taken by another harness just now; "
+                                  "wait for it to end, or stop it first");
+    return {};
+  });
+  if (ok) s.updated_ns = now;
+  return ok;
+}
+
 }  // namespace agentvfs::harness

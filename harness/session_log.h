@@ -49,6 +49,10 @@ class SessionLog {
                                          const std::string& id);
   // Saves state, reason and totals.
   vfs::Status Update(const SessionInfo& info);
+  // Update, but only if the session was not updated since `info` was read
+  // (its updated_ns): EBUSY otherwise. Two harnesses resuming one session
+  // at once: the second is refused before it runs anything.
+  vfs::Status Claim(SessionInfo& info);
 
  private:
   store::Engine& engine_;

@@ -385,6 +385,38 @@ TEST_F(AgentTest, ALiveSessionIsNotResumedBySecondHarness) {
   EXPECT_THAT(r.error().message, HasSubstr("another harness"));
 }
 
+// Two harnesses that read the session at the same moment and both resume
+// it: the second is refused before it runs the pending call a second time.
+TEST_F(AgentTest, OfTwoHarnessesResumingAtOnceOnlyOneRuns) {
+  // A session whose last answer holds a call that never started (its
+  // harness died right after recording the model's answer).
+  harness::Message answer{"assistant", {}};
+  answer.content.push_back(harness::ContentBlock::ToolUse(
+      "t1", "bash", {{"command", "sleep 1; echo once >> /workspace/count"}}));
+  ASSERT_TRUE(log_->Append(session_.id, "task", {{"text", "Count."}}));
+  ASSERT_TRUE(log_->Append(session_.id, "model",
+                           {{"message", harness::MessageToJson(answer)},
+                            {"stop_reason", "tool_use"}}));
+  auto s = log_->Get("alice", session_.id);
+  ASSERT_TRUE(s.has_value());
+  s->state = "failed";
+  ASSERT_TRUE(log_->Update(*s));
+  FakeApi api{Final("counted"), Final("counted again")};
+  auto client = Client(api);
+  Agent first = MakeAgent(*client);  // both read the session now
+  Agent second = MakeAgent(*client);
+  vfs::Result<harness::Outcome> one;
+  std::thread t([&] { one = first.Resume(); });
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  auto two = second.Resume();
+  t.join();
+  ASSERT_TRUE(one.has_value()) << one.error().message;
+  EXPECT_EQ(one->state, "done");
+  ASSERT_FALSE(two.has_value());
+  EXPECT_EQ(two.error().code, EBUSY) << two.error().message;
+  EXPECT_EQ(ReadFile(ws_->Sub("count")), "once\n");
+}
+
 TEST_F(AgentTest, CallsCutByMaxTokensAreNotRun) {
   json cut = ToolUse("t1", "bash", {{"command", "echo ran > /workspace/cut"}});
   cut["body"]["stop_reason"] = "max_tokens";

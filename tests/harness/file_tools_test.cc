@@ -117,6 +117,43 @@ TEST_F(FileToolsTest, CreateWritesTheFileEditorOverwritesMemoryDoesNot) {
   EXPECT_THAT(v.text, HasSubstr("     1\tfirst\n"));
 }
 
+// The memory tool stays in /memories: it follows no symlink, since one in
+// /memories may lead anywhere in the store (here /skills). The editor tool
+// follows links as any program does.
+TEST_F(FileToolsTest, TheMemoryToolFollowsNoSymlink) {
+  ASSERT_FALSE(Mem({{"command", "create"},
+                    {"path", "/memories/users/alice/real.md"},
+                    {"file_text", "one\n"}})
+                   .is_error);
+  auto alice = store_->CallerFor("alice", "s-a");
+  ASSERT_TRUE(router_->Symlink(alice, "/memories/users/alice/real.md",
+                               *vfs::Path::Parse("/memories/users/alice/l")));
+  ASSERT_TRUE(router_->Symlink(alice, "/skills",
+                               *vfs::Path::Parse("/memories/users/alice/up")));
+  for (const json& in :
+       {json{{"command", "str_replace"},
+             {"path", "/memories/users/alice/l"},
+             {"old_str", "one"},
+             {"new_str", "two"}},
+        json{{"command", "view"}, {"path", "/memories/users/alice/l"}},
+        json{{"command", "view"}, {"path", "/memories/users/alice/up/x"}},
+        json{{"command", "create"},
+             {"path", "/memories/users/alice/up/new.md"},
+             {"file_text", "x"}}}) {
+    ToolResult r = Mem(in);
+    EXPECT_TRUE(r.is_error) << in.dump();
+    EXPECT_THAT(r.text, HasSubstr("is a symlink")) << in.dump();
+  }
+  ToolResult real =
+      Mem({{"command", "view"}, {"path", "/memories/users/alice/real.md"}});
+  EXPECT_THAT(real.text, HasSubstr("one"));
+  EXPECT_THAT(real.text, Not(HasSubstr("two")));
+  ToolResult via_editor =
+      Edit({{"command", "view"}, {"path", "/memories/users/alice/l"}});
+  EXPECT_FALSE(via_editor.is_error) << via_editor.text;
+  EXPECT_THAT(via_editor.text, HasSubstr("one"));
+}
+
 TEST_F(FileToolsTest, StrReplaceNeedsExactlyOneVerbatimOccurrence) {
   std::ofstream(ws_->Sub("c.py")) << "a = 1\nb = 2\na = 1\nc = 3\n";
   auto r = Edit({{"command", "str_replace"},
