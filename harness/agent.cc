@@ -25,7 +25,8 @@ std::string Short(std::string s, size_t n = 60) {
 }
 
 // `s` as a person may safely see it on a terminal: control characters (C0,
-// DEL, and C1 as UTF-8) written as \xNN (\n, \t, \r by name). Raw, a
+// DEL, and C1 as UTF-8) written as \xNN (\n, \t, \r by name), and a
+// backslash doubled, so a written "\n" never looks like a line break. Raw, a
 // model's command could carry "\r\x1b[2K" and make an approval prompt or a
 // progress line show something other than what runs.
 std::string Printable(const std::string& s) {
@@ -34,7 +35,9 @@ std::string Printable(const std::string& s) {
   char hex[8];
   for (size_t i = 0; i < s.size(); ++i) {
     const unsigned char c = static_cast<unsigned char>(s[i]);
-    if (c == '\n') {
+    if (c == '\\') {
+      out += "\\\\";  // so that "\\n" is never taken for a newline
+    } else if (c == '\n') {
       out += "\\n";
     } else if (c == '\t') {
       out += "\\t";
@@ -533,6 +536,18 @@ vfs::Result<Outcome> Agent::Resume() {
   session_.config["owner"] = OwnerStamp();
   session_.state = "running";
   if (auto ok = log_.Claim(session_); !ok) return std::unexpected(ok.error());
+  // Until the session is handed to the loop (or stopped), a failure puts
+  // back the state it had: it must not show as running after we exit.
+  struct Restore {
+    Agent& agent;
+    const std::string& was;
+    bool armed = true;
+    ~Restore() {
+      if (!armed) return;
+      agent.session_.state = was;
+      (void)agent.log_.Update(agent.session_);
+    }
+  } restore{*this, was};
   elapsed_before_ms_ = session_.elapsed_ms;
   auto events = log_.Events(session_.user, session_.id);
   if (!events) return std::unexpected(events.error());
@@ -580,13 +595,11 @@ vfs::Result<Outcome> Agent::Resume() {
       std::string text;
       for (const auto& b : last.content)
         if (b.kind == ContentBlock::Kind::kText) text += b.text;
-      if (was == "done") {
-        session_.state = "done";
-        if (auto ok = log_.Update(session_); !ok)
-          return std::unexpected(ok.error());
+      if (was == "done") {  // the restore puts "done" back
         return Outcome{"done", session_.reason, text};
       }
       run_started_ = std::chrono::steady_clock::now();
+      restore.armed = false;
       return Stop("done", "the model finished", text);
     }
     // Calls that started and never finished are answered, never rerun.
@@ -609,6 +622,7 @@ vfs::Result<Outcome> Agent::Resume() {
   session_.state = "running";
   (void)log_.Append(session_.id, "resumed", json::object());
   if (auto ok = log_.Update(session_); !ok) return std::unexpected(ok.error());
+  restore.armed = false;
   return Loop(std::move(messages));
 }
 

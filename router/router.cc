@@ -283,7 +283,8 @@ Result<std::unique_ptr<vfs::FileHandle>> Router::OpenExistingReadOnly(
     // Missing: EROFS if it could be created there, else why not.
     auto dir = b.Stat(c, t->inner.Parent());
     if (!dir) return std::unexpected(dir.error());
-    if (!S_ISDIR(dir->st_mode))
+    // (A symlink there most likely leads to a directory: EROFS, as Linux.)
+    if (!S_ISDIR(dir->st_mode) && !S_ISLNK(dir->st_mode))
       return Fail(ENOTDIR, Quote(path.Parent()) + " is not a directory");
     return would_create();
   }

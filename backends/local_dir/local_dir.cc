@@ -229,11 +229,12 @@ bool HasIdentity(const Caller& c) {
 // giving it away afterwards by name would give away whatever the agent
 // renamed over that name in between. The thread's filesystem uid and gid
 // become the caller's (a set-group-ID parent still gives its group, as for a
-// local process). Leaving uid 0 drops the thread's filesystem capabilities,
-// so they are raised again from the permitted set: the host's permission
-// checks stay the daemon's, as FUSE (default_permissions) already checked
-// the caller's. Only this thread changes (Linux credentials are per thread;
-// glibc does not broadcast setfsuid, and capset with pid 0 is the thread's).
+// local process). Leaving uid 0 drops the thread's filesystem capabilities
+// from its effective set, so the set it had is put back: the host's
+// permission checks stay the daemon's, as FUSE (default_permissions)
+// already checked the caller's. Only this thread changes (Linux credentials
+// are per thread; glibc does not broadcast setfsuid, and capset with pid 0
+// is the thread's).
 class CreateAs {
  public:
   CreateAs() = default;
@@ -241,31 +242,32 @@ class CreateAs {
   CreateAs& operator=(const CreateAs&) = delete;
   ~CreateAs() { Leave(); }
 
-  // Switches to c's identity. False when there is nothing to switch to
-  // (no identity, or a daemon that is not root and so cannot give files
-  // away at all); then the node is made as the daemon.
+  // Switches to c's identity. True when a node made now is the caller's
+  // (switched, or the caller is who the daemon is); false when it must be
+  // given away afterwards (ChownNew): no identity, or a daemon that cannot
+  // switch (not root, or without CAP_SETUID/CAP_SETGID), which also cannot
+  // give it to anyone but itself.
   Result<bool> Enter(const Caller& c, std::string_view op, const Path& path) {
-    if (!HasIdentity(c) || geteuid() != 0) return false;
+    if (!HasIdentity(c)) return false;
+    const uid_t uid = c.uid.value_or(geteuid());
+    const gid_t gid = c.gid.value_or(getegid());
+    if (uid == geteuid() && gid == getegid()) return true;
+    if (geteuid() != 0) return false;
     header_ = {_LINUX_CAPABILITY_VERSION_3, 0};
-    if (syscall(SYS_capget, &header_, saved_) != 0) return Errno(op, path);
-    // setfsuid/setfsgid report the previous id and never fail loudly:
-    // an invalid id (-1) only reads it, and the switch is read back.
-    old_uid_ = static_cast<uid_t>(setfsuid(-1));
-    old_gid_ = static_cast<gid_t>(setfsgid(-1));
+    if (uid != 0 && syscall(SYS_capget, &header_, saved_) != 0)
+      return Errno(op, path);
+    // setfsuid/setfsgid report the previous id and never fail loudly: the
+    // switch is read back (an invalid id, -1, only reads).
+    old_uid_ = static_cast<uid_t>(setfsuid(uid));
+    old_gid_ = static_cast<gid_t>(setfsgid(gid));
     entered_ = true;
-    const uid_t uid = c.uid.value_or(old_uid_);
-    const gid_t gid = c.gid.value_or(old_gid_);
-    setfsgid(gid);
-    setfsuid(uid);
+    restore_caps_ = uid != 0;
     if (static_cast<uid_t>(setfsuid(-1)) != uid ||
         static_cast<gid_t>(setfsgid(-1)) != gid) {
       Leave();
-      return Errno(EPERM, op, path);
+      return false;
     }
-    __user_cap_data_struct raised[_LINUX_CAPABILITY_U32S_3];
-    std::memcpy(raised, saved_, sizeof raised);
-    for (auto& d : raised) d.effective = d.permitted;
-    if (syscall(SYS_capset, &header_, raised) != 0) {
+    if (restore_caps_ && syscall(SYS_capset, &header_, saved_) != 0) {
       const int err = errno;
       Leave();
       return Errno(err, op, path);
@@ -280,11 +282,14 @@ class CreateAs {
     const int err = errno;  // the failure being reported, if any
     setfsuid(old_uid_);
     setfsgid(old_gid_);
-    syscall(SYS_capset, &header_, saved_);
+    // Back to uid 0 the kernel raises the filesystem capabilities from the
+    // permitted set; the saved set says which were effective.
+    if (restore_caps_) syscall(SYS_capset, &header_, saved_);
     errno = err;
   }
 
   bool entered_ = false;
+  bool restore_caps_ = false;
   uid_t old_uid_ = 0;
   gid_t old_gid_ = 0;
   __user_cap_header_struct header_{};
@@ -292,9 +297,9 @@ class CreateAs {
 };
 
 // Gives the just-created entry `t.name` in `t.dirfd` to the caller, for a
-// daemon that could not create it as the caller (CreateAs): not root, so it
-// can only give a node to itself, and the swap CreateAs guards against
-// cannot hand anything to anyone else.
+// daemon that could not create it as the caller (CreateAs): one that cannot
+// switch ids can only give a node to itself, so the swap CreateAs guards
+// against cannot hand anything to anyone else.
 Status ChownNew(const Caller& c, const Target& t, const Path& path,
                 std::string_view op) {
   if (!HasIdentity(c)) return {};

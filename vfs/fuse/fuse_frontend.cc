@@ -9,6 +9,7 @@
 #include <spdlog/sinks/stdout_sinks.h>
 #include <spdlog/spdlog.h>
 #include <sys/ioctl.h>
+#include <sys/mount.h>
 #include <sys/stat.h>
 #include <sys/uio.h>
 #include <sys/vfs.h>
@@ -154,6 +155,25 @@ void RaiseReadahead(const std::string& mountpoint, unsigned kib) {
   if (ra) ra << kib << "\n";
   if (!ra)
     Log()->debug("cannot raise readahead of {} (bdi {})", mountpoint, *dev);
+}
+
+// Aborts the FUSE connection of the mount at `mountpoint` through FUSE's
+// control filesystem (mounted here if nothing had, as root): every request
+// still waiting fails with ECONNABORTED, and a notification waiting for one
+// returns. False when that was not possible.
+bool AbortConnection(const std::string& mountpoint) {
+  auto dev = MountDevice(mountpoint);
+  if (!dev) return false;
+  const auto colon = dev->find(':');
+  if (colon == std::string::npos || dev->substr(0, colon) != "0") return false;
+  const std::string control = "/sys/fs/fuse/connections";
+  const std::string abort = control + "/" + dev->substr(colon + 1) + "/abort";
+  if (access(abort.c_str(), W_OK) != 0)
+    mount("fusectl", control.c_str(), "fusectl", 0, nullptr);
+  std::ofstream out(abort);
+  out << "1\n";
+  out.flush();
+  return static_cast<bool>(out);
 }
 
 }  // namespace
@@ -1891,18 +1911,35 @@ void FuseServer::Impl::StopInvalidation() {
 
 void FuseServer::Impl::ServeWhileInvalidating() {
   if (!invalidating_.load(std::memory_order_acquire)) return;
-  // libfuse drops (never answers) a request it reads while the session is
-  // marked exited; the loops clear the mark as they end, Teardown may not.
-  fuse_session_reset(session_);
   const int fd = fuse_session_fd(session_);
+  // Never block in a read: a request can be withdrawn between poll and read.
+  if (const int fl = fcntl(fd, F_GETFL); fl >= 0 && !(fl & O_NONBLOCK))
+    fcntl(fd, F_SETFL, fl | O_NONBLOCK);
+  const auto deadline =
+      std::chrono::steady_clock::now() + std::chrono::seconds(5);
+  bool aborted = false;
   fuse_buf buf{};
   while (invalidating_.load(std::memory_order_acquire)) {
+    // The request the notification waits for may be gone: libfuse read it
+    // after a stop signal and dropped it. Then only aborting the connection
+    // ends the wait.
+    if (!aborted && std::chrono::steady_clock::now() > deadline) {
+      aborted = true;
+      const bool ok = AbortConnection(options_.mountpoint);
+      Log()->warn(
+          "a cache notification still waited 5 s after the stop; {} the "
+          "FUSE connection of {}",
+          ok ? "aborted" : "could not abort", options_.mountpoint);
+    }
     pollfd p{fd, POLLIN, 0};
     const int n = poll(&p, 1, /*timeout ms=*/10);
     if (n < 0 && errno != EINTR) break;
     if (n <= 0) continue;
     // The connection ended: the kernel ended the notification with it.
     if (p.revents & (POLLERR | POLLHUP | POLLNVAL)) break;
+    // libfuse drops (never answers) a request it reads while the session
+    // is marked exited, as a stop signal (even a second one) marks it.
+    fuse_session_reset(session_);
     const int res = fuse_session_receive_buf(session_, &buf);
     if (res == -EAGAIN || res == -EINTR) continue;
     if (res <= 0) break;
