@@ -66,6 +66,13 @@ std::string ReadSmallFile(const char* path) {
   return s;
 }
 
+// This process's pid namespace ("pid:[4026531836]"), "" if unknown.
+std::string PidNamespace() {
+  char buf[64];
+  ssize_t n = readlink("/proc/self/ns/pid", buf, sizeof(buf) - 1);
+  return n > 0 ? std::string(buf, static_cast<size_t>(n)) : std::string();
+}
+
 // Start time of a process (clock ticks since boot), 0 when it is gone.
 int64_t ProcessStart(pid_t pid) {
   std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
@@ -365,8 +372,11 @@ class StoreBackend::Impl {
   Impl(StoreBackend& owner, Engine& engine, AuthCache& auth,
        StoreOptions options)
       : owner_(owner), engine_(engine), auth_(auth), options_(options) {
+    // Same host: same machine, same boot, same pid namespace (containers
+    // on one kernel share the first two), where pids can be checked.
     host_ = ReadSmallFile("/etc/machine-id") + ":" +
-            ReadSmallFile("/proc/sys/kernel/random/boot_id");
+            ReadSmallFile("/proc/sys/kernel/random/boot_id") + ":" +
+            PidNamespace();
     pid_ = getpid();
     pid_start_ = ProcessStart(pid_);
     scratch_ = engine_.ScratchDir();
@@ -1039,9 +1049,12 @@ class StoreFile final : public vfs::FileHandle {
 
   Status Sync(bool datasync) override {
     (void)datasync;
-    if (can_write_) {
+    {
+      // Any descriptor of the file: fsync(2) of a read-only one must not
+      // acknowledge what the session wrote through another (the draft is
+      // shared) while it is still uncommitted.
       std::lock_guard lock(node_->mu);
-      if (node_->dirty || node_->created) {
+      if (node_->dirty || (can_write_ && node_->created)) {
         return impl_.Commit(caller_, *node_, Durability::kFull, false);
       }
     }

@@ -19,6 +19,7 @@
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
+#include <fstream>
 #include <latch>
 #include <map>
 #include <memory>
@@ -32,6 +33,7 @@
 
 #include "backends/store/admin.h"
 #include "backends/store/engine.h"
+#include "backends/store/namespace.h"
 #include "backends/store/store.h"
 #include "tests/backends/store/process_test_util.h"
 #include "tests/support/result_matchers.h"
@@ -676,6 +678,75 @@ TEST_P(StoreConflictsInOneProcess, RejectedFlushCommitsNothingAtRelease) {
       << "a version appeared after its writer was told nothing was committed";
   ASSERT_OK_AND_ASSIGN(auto now, ReadPath(*backend_b, b, path));
   EXPECT_EQ(now, kInit);
+}
+
+}  // namespace
+}  // namespace agentvfs::store
+
+namespace agentvfs::store {
+namespace {
+
+// fsync(2) of any descriptor acknowledges what the session wrote: the draft
+// is shared by the session's handles, so a read-only one commits it too.
+TEST_P(StoreConflictsInOneProcess, FsyncOfAReadHandleCommitsTheSessionsWrites) {
+  ASSERT_OK_AND_ASSIGN(
+      auto fx, testing::StoreFixture::Create(
+                   {"a", "b"}, {{"a", {"t"}}, {"b", {"t"}}}, GetParam()));
+  auto backend = fx->OpenBackend();
+  ASSERT_NE(backend, nullptr);
+  vfs::Caller a = fx->CallerFor("a");
+  vfs::Caller b = fx->CallerFor("b");
+  const std::string path = "/memories/teams/t/synced.md";
+  ASSERT_OK_AND_ASSIGN(auto w,
+                       backend->Open(a, P(path), O_WRONLY | O_CREAT, 0644));
+  ASSERT_OK(w->Write("kept\n", 5, 0));
+  ASSERT_OK_AND_ASSIGN(auto r, backend->Open(a, P(path), O_RDONLY, 0));
+  ASSERT_OK(r->Sync(false));
+  ASSERT_OK_AND_ASSIGN(auto history, backend->History(b, P(path)));
+  EXPECT_FALSE(history.empty()) << "fsync returned 0 and nothing was committed";
+  ASSERT_OK_AND_ASSIGN(auto seen, ReadPath(*backend, b, path));
+  EXPECT_EQ(seen, "kept\n");
+}
+
+// Processes in another pid namespace on the same machine (containers on
+// one kernel) cannot be checked for life through this /proc: their lease
+// lasts until it expires, instead of counting as dead at once.
+TEST_P(StoreConflictsInOneProcess,
+       ALeaseFromAnotherPidNamespaceHoldsUntilItExpires) {
+  ASSERT_OK_AND_ASSIGN(
+      auto fx, testing::StoreFixture::Create(
+                   {"a", "b"}, {{"a", {"t"}}, {"b", {"t"}}}, GetParam()));
+  auto backend = fx->OpenBackend();
+  ASSERT_NE(backend, nullptr);
+  vfs::Caller b = fx->CallerFor("b");
+  const std::string path = "/memories/teams/t/contained.md";
+  {
+    ASSERT_OK_AND_ASSIGN(auto f,
+                         backend->Open(b, P(path), O_WRONLY | O_CREAT, 0644));
+    ASSERT_OK(f->Write("x\n", 2, 0));
+    ASSERT_OK(f->Flush());
+  }
+  auto line = [](const char* file) {
+    std::ifstream in(file);
+    std::string s;
+    std::getline(in, s);
+    return s;
+  };
+  // Same machine and boot; a pid this namespace does not have.
+  const std::string host =
+      line("/etc/machine-id") + ":" + line("/proc/sys/kernel/random/boot_id");
+  ASSERT_OK_AND_ASSIGN(auto engine, Engine::Open(fx->db(), false));
+  ASSERT_OK(engine->Write(Durability::kProcess, [&](Txn& t) -> vfs::Status {
+    auto r = t.Exec(
+        "INSERT INTO leases(ino, session, \"user\", host, pid, pid_start, "
+        "expires_ns) SELECT d.ino, 'in-a-container', 'a', ?, 4194303, 1, ? "
+        "FROM dentries d WHERE d.name = 'contained.md'",
+        {host, NowNs() + int64_t{60'000'000'000}});
+    if (!r) return std::unexpected(r.error());
+    if (*r != 1) return vfs::Fail(EIO, "no such file in the store");
+    return {};
+  }));
+  EXPECT_ERRNO(backend->Open(b, P(path), O_WRONLY, 0), EBUSY);
 }
 
 }  // namespace
