@@ -480,14 +480,26 @@ class StoreBackend::Impl {
     return node;
   }
 
-  void SetSeen(const std::string& session, int64_t ino, int64_t version) {
+  // The session read (or wrote) `version` of file `ino`, found at `path`
+  // (canonical; "" when not known).
+  void SetSeen(const std::string& session, int64_t ino, int64_t version,
+               const std::string& path) {
     std::lock_guard lock(nodes_mu_);
     seen_[{session, ino}] = version;
+    if (!path.empty()) seen_at_[{session, path}] = ino;
   }
   std::optional<int64_t> Seen(const std::string& session, int64_t ino) {
     std::lock_guard lock(nodes_mu_);
     auto it = seen_.find({session, ino});
     if (it == seen_.end()) return std::nullopt;
+    return it->second;
+  }
+  // The file the session last saw at `path`.
+  std::optional<int64_t> SeenAt(const std::string& session,
+                                const std::string& path) {
+    std::lock_guard lock(nodes_mu_);
+    auto it = seen_at_.find({session, path});
+    if (it == seen_at_.end()) return std::nullopt;
     return it->second;
   }
 
@@ -561,7 +573,27 @@ class StoreBackend::Impl {
   Status CheckStale(Txn& txn, const Caller& c, const Inode& node,
                     const std::string& path) {
     auto seen = Seen(c.session, node.ino);
-    if (!seen || *seen == node.version) return {};
+    if (!seen) {
+      // Never read this file; but if the session read another one at this
+      // path, that was replaced since (saved over by a rename, as editors
+      // and `sed -i` do, or removed and made again): writing here would
+      // overwrite a version the session never saw.
+      auto at = SeenAt(c.session, path);
+      if (!at || *at == node.ino) return {};
+      auto rows = txn.Query(
+          "SELECT author, session, time_ns FROM versions "
+          "WHERE ino = ? AND n = ?",
+          {node.ino, node.version});
+      if (!rows) return std::unexpected(rows.error());
+      if (rows->empty() || AsText((*rows)[0][1]) == c.session) return {};
+      const Row& r = (*rows)[0];
+      return Fail(ESTALE, path + " was replaced by user '" + AsText(r[0]) +
+                              "' at " + FormatTime(AsInt(r[2])) +
+                              " (another file now has the name) after this "
+                              "session read it; read the file again, then "
+                              "write");
+    }
+    if (*seen == node.version) return {};
     auto rows = txn.Query(
         "SELECT author, session, time_ns FROM versions WHERE ino = ? AND n = ?",
         {node.ino, node.version});
@@ -788,7 +820,7 @@ class StoreBackend::Impl {
     node.committed_content = digest.hash;
     node.committed_size = digest.size;
     if (node.last_write_ns > 0) node.last_write_ns = 0;
-    SetSeen(c.session, node.ino, committed);
+    SetSeen(c.session, node.ino, committed, node.path);
     return {};
   }
 
@@ -907,6 +939,8 @@ class StoreBackend::Impl {
   std::mutex nodes_mu_;  // guards nodes_ and seen_
   std::map<std::pair<std::string, int64_t>, std::weak_ptr<OpenNode>> nodes_;
   std::map<std::pair<std::string, int64_t>, int64_t> seen_;
+  // (session, canonical path) -> the inode the session last saw there.
+  std::map<std::pair<std::string, std::string>, int64_t> seen_at_;
 
   std::mutex listener_mu_;  // guards listener_, last_seq_
   vfs::ChangeListener* listener_ = nullptr;
@@ -1341,7 +1375,7 @@ Result<std::unique_ptr<vfs::FileHandle>> StoreBackend::Open(const Caller& c,
       canon = w.path;
       return {};
     }));
-    impl_->SetSeen(c.session, inode.ino, inode.version);
+    impl_->SetSeen(c.session, inode.ino, inode.version, canon);
     auto node = impl_->GetNode(c.session, inode.ino);
     {
       std::lock_guard lock(node->mu);
@@ -1400,7 +1434,7 @@ Result<std::unique_ptr<vfs::FileHandle>> StoreBackend::Open(const Caller& c,
   }));
 
   if (!writing) {
-    impl_->SetSeen(c.session, inode.ino, inode.version);
+    impl_->SetSeen(c.session, inode.ino, inode.version, canon);
     auto node = impl_->GetNode(c.session, inode.ino);
     return std::unique_ptr<vfs::FileHandle>(
         new StoreFile(*impl_, c, std::move(node), flags, false, inode.content,
@@ -1456,7 +1490,7 @@ Result<std::unique_ptr<vfs::FileHandle>> StoreBackend::Open(const Caller& c,
     node->dirty = true;
     node->last_write_ns = now;
   }
-  impl_->SetSeen(c.session, inode.ino, node->base_version);
+  impl_->SetSeen(c.session, inode.ino, node->base_version, canon);
   lock.unlock();
   auto file = std::make_unique<StoreFile>(*impl_, c, std::move(node), flags,
                                           true, inode.content, inode.size,
@@ -1750,6 +1784,13 @@ Status StoreBackend::Rename(const Caller& c, const Path& from, const Path& to,
     if (flags & RENAME_EXCHANGE) {
       if (!dst.node) return Fail(ENOENT, "no such file or directory");
       if (dst.node->IsDir()) TRY(NotBelow(txn, src.parent->ino, dst.node->ino));
+      // Each name gets the other file, as a rename onto it would: the same
+      // lease and staleness rules, on both sides.
+      for (const Walked* side : {&src, &dst}) {
+        if (side->node->IsDir() || side->node->IsLink()) continue;
+        TRY(impl_->CheckLease(txn, c, side->node->ino, side->path, now));
+        TRY(impl_->CheckStale(txn, c, *side->node, side->path));
+      }
       auto a =
           txn.Exec("UPDATE dentries SET ino = ? WHERE parent = ? AND name = ?",
                    {dst.node->ino, src.parent->ino, src.name});
@@ -2063,7 +2104,7 @@ Result<VersionInfo> StoreBackend::Restore(const Caller& c, const Path& path,
   // what it saw.
   TRY(engine_->Read([&](Txn& txn) -> Status {
     TRY_ASSIGN(w, Walk(txn, path.str(), false));
-    if (w.node) impl_->SetSeen(c.session, w.node->ino, w.node->version);
+    if (w.node) impl_->SetSeen(c.session, w.node->ino, w.node->version, w.path);
     return {};
   }));
   TRY_ASSIGN(file, Open(c, path, O_WRONLY | O_CREAT | O_TRUNC, mode & 07777));

@@ -708,6 +708,80 @@ TEST_P(StoreConflictsInOneProcess, FsyncOfAReadHandleCommitsTheSessionsWrites) {
   EXPECT_EQ(seen, "kept\n");
 }
 
+// Staleness follows the path too: a file saved over by rename (as editors
+// and `sed -i` do), or removed and made again, is not overwritten by a
+// session that read the file it replaced, neither by an open with O_TRUNC
+// nor by a rename onto it. Reading it again clears that.
+TEST_P(StoreConflictsInOneProcess,
+       AReplacedFileIsNotOverwrittenByAStaleReader) {
+  ASSERT_OK_AND_ASSIGN(
+      auto fx, testing::StoreFixture::Create(
+                   {"a", "b"}, {{"a", {"t"}}, {"b", {"t"}}}, GetParam()));
+  auto backend = fx->OpenBackend();
+  ASSERT_NE(backend, nullptr);
+  vfs::Caller a = fx->CallerFor("a");
+  vfs::Caller b = fx->CallerFor("b");
+  const std::string dir = "/memories/teams/t/";
+  auto write = [&](const vfs::Caller& who, const std::string& name,
+                   const std::string& data) -> vfs::Status {
+    auto f =
+        backend->Open(who, P(dir + name), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    if (!f) return std::unexpected(f.error());
+    if (auto w = (*f)->Write(data.data(), data.size(), 0); !w)
+      return std::unexpected(w.error());
+    return (*f)->Flush();
+  };
+  ASSERT_OK(write(b, "x", "b1\n"));
+  ASSERT_OK_AND_ASSIGN(auto read, ReadPath(*backend, a, dir + "x"));  // A reads
+  ASSERT_EQ(read, "b1\n");
+  // B saves x by writing a new file and renaming it over x.
+  ASSERT_OK(write(b, ".x.tmp", "b2\n"));
+  ASSERT_OK(backend->Rename(b, P(dir + ".x.tmp"), P(dir + "x"), 0));
+  EXPECT_ERRNO(backend->Open(a, P(dir + "x"), O_WRONLY | O_TRUNC, 0), ESTALE);
+  ASSERT_OK(write(a, ".a.tmp", "a1\n"));
+  EXPECT_ERRNO(backend->Rename(a, P(dir + ".a.tmp"), P(dir + "x"), 0), ESTALE);
+  ASSERT_OK_AND_ASSIGN(auto now, ReadPath(*backend, b, dir + "x"));
+  EXPECT_EQ(now, "b2\n") << "B's save was overwritten";
+  // B removes x and makes it again.
+  ASSERT_OK_AND_ASSIGN(read, ReadPath(*backend, a, dir + "x"));
+  ASSERT_OK(backend->Unlink(b, P(dir + "x")));
+  ASSERT_OK(write(b, "x", "b3\n"));
+  EXPECT_ERRNO(backend->Open(a, P(dir + "x"), O_WRONLY | O_TRUNC, 0), ESTALE);
+  // Having read what is there now, A may write it.
+  ASSERT_OK_AND_ASSIGN(read, ReadPath(*backend, a, dir + "x"));
+  EXPECT_EQ(read, "b3\n");
+  EXPECT_OK(write(a, "x", "a2\n"));
+  // A session replacing a file it read itself is not stale.
+  ASSERT_OK(write(a, ".a.tmp", "a3\n"));
+  EXPECT_OK(backend->Rename(a, P(dir + ".a.tmp"), P(dir + "x"), 0));
+  EXPECT_OK(write(a, "x", "a4\n"));
+}
+
+// RENAME_EXCHANGE gives each name the other file, like a rename onto it:
+// not while another session holds either file open for writing.
+TEST_P(StoreConflictsInOneProcess, AnExchangeRespectsTheLeasesOfBothFiles) {
+  ASSERT_OK_AND_ASSIGN(
+      auto fx, testing::StoreFixture::Create(
+                   {"a", "b"}, {{"a", {"t"}}, {"b", {"t"}}}, GetParam()));
+  auto backend = fx->OpenBackend();
+  ASSERT_NE(backend, nullptr);
+  vfs::Caller a = fx->CallerFor("a");
+  vfs::Caller b = fx->CallerFor("b");
+  const std::string x = "/memories/teams/t/x", y = "/memories/teams/t/y";
+  for (const auto& path : {x, y}) {
+    ASSERT_OK_AND_ASSIGN(auto f,
+                         backend->Open(b, P(path), O_WRONLY | O_CREAT, 0644));
+    ASSERT_OK(f->Flush());
+  }
+  for (const auto& held : {x, y}) {
+    SCOPED_TRACE(held);
+    ASSERT_OK_AND_ASSIGN(auto holder, backend->Open(a, P(held), O_WRONLY, 0));
+    EXPECT_ERRNO(backend->Rename(b, P(y), P(x), RENAME_EXCHANGE), EBUSY);
+    ASSERT_OK(holder->Flush());
+  }
+  EXPECT_OK(backend->Rename(b, P(y), P(x), RENAME_EXCHANGE));
+}
+
 // Processes in another pid namespace on the same machine (containers on
 // one kernel) cannot be checked for life through this /proc: their lease
 // lasts until it expires, instead of counting as dead at once.
