@@ -556,16 +556,41 @@ class StoreBackend::Impl {
         {ino, c.session, c.user, host_, int64_t{pid_}, pid_start_,
          now + options_.lease_ttl.count() * 1'000'000});
     if (!ok) return std::unexpected(ok.error());
-    held_leases_.fetch_add(1);
+    std::lock_guard lock(held_mu_);
+    held_.try_emplace({c.session, ino}, 0);
     return {};
   }
 
+  // Ends the session's lease of `ino`, unless an open of the session took
+  // it in a transaction of its own and has not registered as a holder yet
+  // (MarkOpening): that open holds the lease from now on.
   Status DropLease(Txn& txn, const Caller& c, int64_t ino) {
+    {
+      std::lock_guard lock(held_mu_);
+      auto it = held_.find({c.session, ino});
+      if (it != held_.end() && it->second > 0) return {};
+    }
     auto ok = txn.Exec("DELETE FROM leases WHERE ino = ? AND session = ?",
                        {ino, c.session});
     if (!ok) return std::unexpected(ok.error());
-    held_leases_.fetch_sub(1);
+    std::lock_guard lock(held_mu_);
+    held_.erase({c.session, ino});
     return {};
+  }
+
+  // An open that took the lease of `ino` in its transaction (+1, inside
+  // that transaction) and has since registered as a holder on the
+  // session's node, or failed to commit (-1). Write transactions of this
+  // process run one at a time, so a release either ran before the open's
+  // transaction (which then takes the lease anew) or sees the mark.
+  void MarkOpening(const std::string& session, int64_t ino, int delta) {
+    std::lock_guard lock(held_mu_);
+    auto it = held_.find({session, ino});
+    if (it == held_.end()) {
+      if (delta > 0) held_.emplace(std::pair{session, ino}, delta);
+      return;
+    }
+    it->second += delta;
   }
 
   // ESTALE when the session read an older version than the current one and
@@ -866,19 +891,9 @@ class StoreBackend::Impl {
       change_hint_ = false;
       lock.unlock();
       auto now = std::chrono::steady_clock::now();
-      if (held_leases_.load() > 0 && now - last_renew >= renew_every) {
+      if (now - last_renew >= renew_every) {
         last_renew = now;
-        auto ok = engine_.Write(Durability::kProcess, [&](Txn& txn) -> Status {
-          auto u = txn.Exec(
-              "UPDATE leases SET expires_ns = ? WHERE host = ? AND pid = ? AND "
-              "pid_start = ?",
-              {NowNs() + options_.lease_ttl.count() * 1'000'000, host_,
-               int64_t{pid_}, pid_start_});
-          if (!u) return std::unexpected(u.error());
-          return {};
-        });
-        if (!ok)
-          Log()->warn("renewing write leases: {}", ok.error().ToString());
+        RenewLeases();
       }
       if (now - last_prune >= std::chrono::minutes(1)) {
         last_prune = now;
@@ -892,6 +907,36 @@ class StoreBackend::Impl {
       PollChanges();
       lock.lock();
     }
+  }
+
+  // Extends the leases this process holds, and only those: a row left
+  // behind (a release whose transaction failed) runs out on its own. A
+  // lease whose row is gone or belongs to another session now (it ran out
+  // and was taken) is no longer held.
+  void RenewLeases() {
+    std::vector<std::pair<std::string, int64_t>> keys;
+    {
+      std::lock_guard lock(held_mu_);
+      for (const auto& [key, opening] : held_) keys.push_back(key);
+    }
+    if (keys.empty()) return;
+    auto ok = engine_.Write(Durability::kProcess, [&](Txn& txn) -> Status {
+      int64_t expires = NowNs() + options_.lease_ttl.count() * 1'000'000;
+      for (const auto& [session, ino] : keys) {
+        auto u = txn.Exec(
+            "UPDATE leases SET expires_ns = ? WHERE ino = ? AND session = ? "
+            "AND host = ? AND pid = ? AND pid_start = ?",
+            {expires, ino, session, host_, int64_t{pid_}, pid_start_});
+        if (!u) return std::unexpected(u.error());
+        if (*u == 0) {
+          std::lock_guard lock(held_mu_);
+          auto it = held_.find({session, ino});
+          if (it != held_.end() && it->second == 0) held_.erase(it);
+        }
+      }
+      return {};
+    });
+    if (!ok) Log()->warn("renewing write leases: {}", ok.error().ToString());
   }
 
   void PollChanges() {
@@ -934,7 +979,10 @@ class StoreBackend::Impl {
   int64_t pid_start_;
   std::string scratch_;
   std::string instance_;  // this backend among all processes of the store
-  std::atomic<int64_t> held_leases_{0};
+  // Leases this process holds, by (session, ino), with the number of opens
+  // that took the lease and have not registered as holders yet.
+  std::mutex held_mu_;
+  std::map<std::pair<std::string, int64_t>, int> held_;
 
   std::mutex nodes_mu_;  // guards nodes_ and seen_
   std::map<std::pair<std::string, int64_t>, std::weak_ptr<OpenNode>> nodes_;
@@ -1392,7 +1440,8 @@ Result<std::unique_ptr<vfs::FileHandle>> StoreBackend::Open(const Caller& c,
   Inode inode;
   std::string canon;
   bool created = false;
-  TRY(engine_->Write(Durability::kProcess, [&](Txn& txn) -> Status {
+  bool opening = false;
+  auto opened = engine_->Write(Durability::kProcess, [&](Txn& txn) -> Status {
     TRY_ASSIGN(w, Walk(txn, path.str(), follow));
     // A name the caller cannot see answers as a missing one would, so that
     // neither EEXIST nor EISDIR nor ELOOP tells it is there.
@@ -1429,9 +1478,16 @@ Result<std::unique_ptr<vfs::FileHandle>> StoreBackend::Open(const Caller& c,
       inode = *w.node;
     }
     canon = w.path;
-    if (writing) return impl_->TakeLease(txn, c, inode.ino, now);
+    if (!writing) return {};
+    TRY(impl_->TakeLease(txn, c, inode.ino, now));
+    impl_->MarkOpening(c.session, inode.ino, +1);
+    opening = true;
     return {};
-  }));
+  });
+  if (!opened) {
+    if (opening) impl_->MarkOpening(c.session, inode.ino, -1);
+    return std::unexpected(opened.error());
+  }
 
   if (!writing) {
     impl_->SetSeen(c.session, inode.ino, inode.version, canon);
@@ -1445,6 +1501,7 @@ Result<std::unique_ptr<vfs::FileHandle>> StoreBackend::Open(const Caller& c,
   std::unique_lock lock(node->mu);
   node->path = canon;
   ++node->lease_holders;
+  impl_->MarkOpening(c.session, inode.ino, -1);
   ++node->writers;
   auto undo =
       [&](const vfs::Error& e) -> Result<std::unique_ptr<vfs::FileHandle>> {
