@@ -23,6 +23,8 @@
 #include <sstream>
 #include <thread>
 
+#include "vfs/mount_table.h"
+
 #ifndef AGENTVFS_BINARY
 #error "AGENTVFS_BINARY must name the built agentvfs binary"
 #endif
@@ -40,51 +42,11 @@ std::string StripTrailingSlashes(std::string path) {
   return path;
 }
 
-// Undoes the octal escapes (\040 for ' ', ...) of /proc/self/mountinfo.
-std::string DecodeMountinfoField(const std::string& field) {
-  std::string out;
-  for (size_t i = 0; i < field.size(); ++i) {
-    if (field[i] == '\\' && i + 3 < field.size() && field[i + 1] >= '0' &&
-        field[i + 1] <= '7') {
-      out += static_cast<char>(std::stoi(field.substr(i + 1, 3), nullptr, 8));
-      i += 3;
-    } else {
-      out += field[i];
-    }
-  }
-  return out;
-}
-
-struct MountRecord {
-  int id = 0;
-  std::string mountpoint;
-  std::string fstype;
-};
-
-std::vector<MountRecord> ReadMountinfo() {
-  std::vector<MountRecord> out;
-  std::ifstream in("/proc/self/mountinfo");
-  std::string line;
-  while (std::getline(in, line)) {
-    std::istringstream fields(line);
-    MountRecord rec;
-    std::string parent, devno, root, mp, word;
-    if (!(fields >> rec.id >> parent >> devno >> root >> mp)) continue;
-    rec.mountpoint = DecodeMountinfoField(mp);
-    // Optional fields end at the "-" separator; the type follows it.
-    while (fields >> word && word != "-") {
-    }
-    fields >> rec.fstype;
-    out.push_back(std::move(rec));
-  }
-  return out;
-}
-
-std::vector<MountRecord> MountsAt(const std::string& path) {
+std::vector<vfs::MountEntry> MountsAt(const std::string& path) {
   std::string want = StripTrailingSlashes(path);
-  std::vector<MountRecord> out;
-  for (auto& rec : ReadMountinfo()) {
-    if (rec.mountpoint == want) out.push_back(rec);
+  std::vector<vfs::MountEntry> out;
+  for (auto& rec : vfs::ReadMountTable()) {
+    if (rec.point == want) out.push_back(rec);
   }
   return out;
 }

@@ -38,6 +38,7 @@
 
 #include "vfs/fuse/fuse_abi.h"
 #include "vfs/fuse/uring_channel.h"
+#include "vfs/mount_table.h"
 
 namespace agentvfs::fuse {
 
@@ -46,6 +47,7 @@ using vfs::Caller;
 using vfs::Error;
 using vfs::Fail;
 using vfs::Path;
+using vfs::ReadMountTable;
 using vfs::Result;
 using vfs::Status;
 
@@ -83,29 +85,6 @@ namespace {
 
 std::shared_ptr<spdlog::logger> Log() { return FuseLog(); }
 
-// Mount points in mountinfo escape space, tab, newline and backslash as \ooo.
-std::string UnescapeMountinfo(std::string_view s) {
-  std::string out;
-  for (size_t i = 0; i < s.size(); ++i) {
-    if (s[i] == '\\' && i + 3 < s.size()) {
-      int v = 0;
-      bool ok = true;
-      for (size_t k = 1; k <= 3; ++k) {
-        char ch = s[i + k];
-        if (ch < '0' || ch > '7') ok = false;
-        v = v * 8 + (ch - '0');
-      }
-      if (ok) {
-        out.push_back(static_cast<char>(v));
-        i += 3;
-        continue;
-      }
-    }
-    out.push_back(s[i]);
-  }
-  return out;
-}
-
 // Absolute form of `path` without requiring it to be reachable (a dead FUSE
 // mount cannot be stat'ed, so realpath of the parent + the name is used).
 std::string AbsoluteOf(const std::string& path) {
@@ -133,15 +112,9 @@ namespace {
 // mount itself, which may not be served yet.
 std::optional<std::string> MountDevice(const std::string& path) {
   const std::string abs = AbsoluteOf(path);
-  std::ifstream in("/proc/self/mountinfo");
-  std::string line;
   std::optional<std::string> found;
-  while (std::getline(in, line)) {
-    std::istringstream fields(line);
-    std::string id, parent, devs, root, mnt;
-    fields >> id >> parent >> devs >> root >> mnt;
-    if (UnescapeMountinfo(mnt) == abs) found = devs;
-  }
+  for (const auto& m : ReadMountTable())
+    if (m.point == abs) found = m.device;
   return found;
 }
 

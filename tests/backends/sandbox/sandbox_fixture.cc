@@ -9,6 +9,7 @@
 #include <thread>
 
 #include "tests/support/files.h"
+#include "vfs/mount_table.h"
 
 namespace agentvfs::testing {
 
@@ -82,15 +83,9 @@ size_t SettledCount(const std::string& marker) {
 }
 
 std::vector<std::string> MountsUnder(const std::string& prefix) {
-  std::istringstream lines(ReadHostFile("/proc/self/mountinfo"));
   std::vector<std::string> found;
-  std::string line;
-  while (std::getline(lines, line)) {
-    std::istringstream f(line);
-    std::string id, parent, dev, root, point;
-    f >> id >> parent >> dev >> root >> point;
-    if (point.rfind(prefix, 0) == 0) found.push_back(point);
-  }
+  for (const auto& m : vfs::ReadMountTable())
+    if (m.point.starts_with(prefix)) found.push_back(m.point);
   return found;
 }
 
