@@ -42,6 +42,7 @@
 
 #include "backends/sandbox/protocol.h"
 #include "vfs/fuse/fuse_frontend.h"
+#include "vfs/mount_table.h"
 #include "vfs/path.h"
 
 #ifndef AGENTVFS_SANDBOX_INIT_BUILD_PATH
@@ -773,7 +774,31 @@ std::string Resolved(const std::string& path) {
   return (std::filesystem::path(real) / p.filename()).string();
 }
 
-// EINVAL when a secret lies under a directory the sandbox sees.
+// Where the resolved `path` lies: the filesystem ("major:minor") and the
+// path inside that filesystem, through the mount that covers it.
+struct Place {
+  std::string device;
+  std::string inside;
+};
+std::optional<Place> PlaceOf(const std::vector<vfs::MountEntry>& mounts,
+                             const std::string& path) {
+  const vfs::MountEntry* cover = nullptr;
+  for (const auto& m : mounts) {
+    if (vfs::IsWithin(path, m.point) &&
+        (cover == nullptr || m.point.size() >= cover->point.size()))
+      cover = &m;  // the longest mount point; the last of equals is on top
+  }
+  if (cover == nullptr) return std::nullopt;
+  std::string rest =
+      cover->point == "/" ? path : path.substr(cover->point.size());
+  std::string inside = cover->root == "/" ? rest : cover->root + rest;
+  return Place{cover->device, inside.empty() ? "/" : inside};
+}
+
+// EINVAL when a secret can be reached from a directory the sandbox sees:
+// it lies under it, or under a mount of the directory or below it that
+// shows the secret's filesystem at or above it (a bind mount), or it has
+// another hard link on a filesystem the sandbox sees part of.
 vfs::Status NoSecretInside(const SandboxOptions& o) {
   std::vector<std::pair<std::string, std::string>> seen = {
       {o.workspace, "the workspace"}};
@@ -781,18 +806,48 @@ vfs::Status NoSecretInside(const SandboxOptions& o) {
   for (const char* sys :
        {"/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32"})
     seen.push_back({sys, std::string("the system directory ") + sys});
+  const auto mounts = vfs::ReadMountTable();
+  const std::string advice =
+      "; keep the store, the token file and the config file outside the "
+      "directories the sandbox sees";
   for (const auto& secret : o.secret_paths) {
     const std::string file = Resolved(secret);
     if (file.empty()) continue;
+    const auto at = PlaceOf(mounts, file);
+    struct stat st;
+    const nlink_t links =
+        stat(file.c_str(), &st) == 0 && S_ISREG(st.st_mode) ? st.st_nlink : 1;
     for (const auto& [dir, what] : seen) {
       const std::string d = Resolved(dir);
       if (d.empty()) continue;
-      if (file == d || file.starts_with(d == "/" ? d : d + "/"))
-        return Fail(EINVAL,
-                    secret + " is inside " + what + " (" + d +
-                        "), where the sandbox could read it; keep the "
-                        "store, the token file and the config file outside "
-                        "the directories the sandbox sees");
+      if (vfs::IsWithin(file, d))
+        return Fail(EINVAL, secret + " is inside " + what + " (" + d +
+                                "), where the sandbox could read it" + advice);
+      if (!at) continue;
+      // The directory itself and every mount below it show a part of some
+      // filesystem: the secret's, at or above it?
+      std::vector<std::pair<std::string, Place>> shown;
+      if (auto p = PlaceOf(mounts, d)) shown.push_back({d, *p});
+      for (const auto& m : mounts)
+        if (m.point != d && vfs::IsWithin(m.point, d))
+          shown.push_back({m.point, Place{m.device, m.root}});
+      for (const auto& [where, place] : shown) {
+        if (place.device != at->device) continue;
+        if (vfs::IsWithin(at->inside, place.inside))
+          return Fail(EINVAL, secret + " can be read through " + where +
+                                  " in " + what +
+                                  " (it shows the directory that holds it, "
+                                  "as a bind mount does)" +
+                                  advice);
+        if (links > 1)
+          return Fail(EINVAL,
+                      secret + " has " + std::to_string(links) +
+                          " hard links, and " + what +
+                          " is on the same filesystem: another link may be "
+                          "where the sandbox can read it; give the file a "
+                          "single link (find the others with `find " +
+                          where + " -xdev -samefile " + file + "`)");
+      }
     }
   }
   return {};

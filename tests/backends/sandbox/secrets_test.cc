@@ -1,0 +1,110 @@
+// No secret the harness holds (the store's database, the token file, the
+// config file) is reachable from what the sandbox sees: not under the
+// workspace by path, not through a bind mount in it or of it, not through
+// another hard link. Each refused case is followed by the same options
+// succeeding once the mount or the link is gone, so none passes vacuously.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <sys/mount.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <fstream>
+#include <string>
+
+#include "backends/sandbox/sandbox.h"
+#include "tests/support/mount_fixture.h"
+#include "tests/support/result_matchers.h"
+
+namespace agentvfs::testing {
+namespace {
+
+using ::testing::HasSubstr;
+
+// A bind mount that is undone however the test ends.
+class BindMount {
+ public:
+  BindMount(const std::string& from, const std::string& to) : to_(to) {
+    ok_ = mount(from.c_str(), to.c_str(), nullptr, MS_BIND, nullptr) == 0;
+  }
+  ~BindMount() { Undo(); }
+  bool ok() const { return ok_; }
+  void Undo() {
+    if (ok_) umount2(to_.c_str(), MNT_DETACH);
+    ok_ = false;
+  }
+
+ private:
+  std::string to_;
+  bool ok_ = false;
+};
+
+class SandboxSecretsTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (geteuid() != 0) GTEST_SKIP() << "bind mounts need root";
+    // The sandbox's uid passes through to its session directory.
+    ASSERT_EQ(chmod(dir_.path().c_str(), 0711), 0);
+    for (const auto& d : {"secrets", "ws", "ws/sub", "state", "elsewhere"})
+      ASSERT_EQ(mkdir(dir_.Sub(d).c_str(), 0755), 0) << d;
+    std::ofstream(db_) << "not really a database\n";
+  }
+
+  // Sandbox::Create with the workspace `ws` and the database as the secret.
+  vfs::Result<std::unique_ptr<sandbox::Sandbox>> Create(const std::string& ws) {
+    sandbox::SandboxOptions o;
+    o.workspace = ws;
+    o.state_dir = dir_.Sub("state");
+    o.secret_paths = {db_};
+    auto sb = sandbox::Sandbox::Create(o);
+    if (sb) (*sb)->Close();
+    return sb;
+  }
+
+  TempDir dir_{"agentvfs-secrets-test"};
+  std::string db_ = dir_.Sub("secrets/store.db");
+};
+
+TEST_F(SandboxSecretsTest, ABindMountInTheWorkspaceShowingTheStoreIsRefused) {
+  BindMount bind(dir_.Sub("secrets"), dir_.Sub("ws/sub"));
+  ASSERT_TRUE(bind.ok());
+  auto refused = Create(dir_.Sub("ws"));
+  ASSERT_ERRNO(refused, EINVAL);
+  EXPECT_THAT(refused.error().message, HasSubstr(dir_.Sub("ws/sub")));
+  EXPECT_THAT(refused.error().message, HasSubstr("bind mount"));
+  bind.Undo();
+  EXPECT_OK(Create(dir_.Sub("ws")));
+}
+
+TEST_F(SandboxSecretsTest,
+       AWorkspaceThatIsABindOfADirectoryAboveTheStoreIsRefused) {
+  BindMount bind(dir_.path(), dir_.Sub("ws/sub"));
+  ASSERT_TRUE(bind.ok());
+  // The workspace is the mount point itself: by path it holds nothing of
+  // the store, but it shows the directory above it.
+  auto refused = Create(dir_.Sub("ws/sub"));
+  ASSERT_ERRNO(refused, EINVAL);
+  EXPECT_THAT(refused.error().message, HasSubstr("bind mount"));
+  bind.Undo();
+  EXPECT_OK(Create(dir_.Sub("ws/sub")));
+}
+
+TEST_F(SandboxSecretsTest,
+       ABindOfAnotherDirectoryOfTheSameFilesystemIsAllowed) {
+  BindMount bind(dir_.Sub("elsewhere"), dir_.Sub("ws/sub"));
+  ASSERT_TRUE(bind.ok());
+  EXPECT_OK(Create(dir_.Sub("ws")));
+}
+
+TEST_F(SandboxSecretsTest, AStoreWithAnotherHardLinkIsRefused) {
+  const std::string link = dir_.Sub("ws/store-link.db");
+  ASSERT_EQ(::link(db_.c_str(), link.c_str()), 0);
+  auto refused = Create(dir_.Sub("ws"));
+  ASSERT_ERRNO(refused, EINVAL);
+  EXPECT_THAT(refused.error().message, HasSubstr("2 hard links"));
+  ASSERT_EQ(unlink(link.c_str()), 0);
+  EXPECT_OK(Create(dir_.Sub("ws")));
+}
+
+}  // namespace
+}  // namespace agentvfs::testing
