@@ -87,25 +87,46 @@ vfs::Result<std::string> NormalisePrefix(const std::string& prefix) {
 
 }  // namespace
 
-vfs::Status MakeDirs(Txn& txn, const std::string& path, int64_t now_ns) {
+vfs::Status MakeDirs(
+    Txn& txn, const std::string& path, int64_t now_ns,
+    const std::function<vfs::Status(const std::string&)>& may_make) {
   auto root = LoadInode(txn, kRootIno);
   if (!root) return std::unexpected(root.error());
-  Inode dir = **root;
   auto parsed = vfs::Path::Parse(path);
   if (!parsed) return std::unexpected(parsed.error());
+  // First the directories that are there, then the missing ones, which are
+  // all asked about before the first is made.
+  Inode dir = **root;
+  std::string at;
+  std::vector<std::string_view> missing;
   for (auto comp : parsed->Components()) {
-    auto child = LookupName(txn, dir.ino, comp);
-    if (!child) return std::unexpected(child.error());
-    if (*child) {
-      auto node = LoadInode(txn, **child);
-      if (!node) return std::unexpected(node.error());
-      if (!*node || !(*node)->IsDir()) {
-        return vfs::Fail(ENOTDIR, std::string(comp) + " in " + path +
-                                      " exists and is not a directory");
-      }
-      dir = **node;
+    if (!missing.empty()) {
+      missing.push_back(comp);
       continue;
     }
+    auto child = LookupName(txn, dir.ino, comp);
+    if (!child) return std::unexpected(child.error());
+    if (!*child) {
+      missing.push_back(comp);
+      continue;
+    }
+    auto node = LoadInode(txn, **child);
+    if (!node) return std::unexpected(node.error());
+    if (!*node || !(*node)->IsDir()) {
+      return vfs::Fail(ENOTDIR, std::string(comp) + " in " + path +
+                                    " exists and is not a directory");
+    }
+    dir = **node;
+    at.append("/").append(comp);
+  }
+  if (may_make) {
+    std::string next = at;
+    for (auto comp : missing) {
+      next.append("/").append(comp);
+      if (auto ok = may_make(next); !ok) return ok;
+    }
+  }
+  for (auto comp : missing) {
     auto made = CreateNode(txn, dir, comp, S_IFDIR, 0755, 0, 0, "", now_ns);
     if (!made) return std::unexpected(made.error());
     dir = *made;

@@ -11,6 +11,7 @@
 //                             grants write on /skills/<skill>) write
 #pragma once
 
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -71,7 +72,11 @@ vfs::Result<std::vector<GrantInfo>> ListGrants(Engine& e,
                                                const std::string& actor);
 
 // Makes every directory of `path` (a store path) that is missing, owned by
-// root, mode 0755, inside `txn`. Used by the layout and by restore.
-vfs::Status MakeDirs(Txn& txn, const std::string& path, int64_t now_ns);
+// root, mode 0755, inside `txn`. Used by the layout and by restore, which
+// passes `may_make`: it is asked about each missing directory (its path)
+// before any is made, and its error stops the whole call.
+vfs::Status MakeDirs(
+    Txn& txn, const std::string& path, int64_t now_ns,
+    const std::function<vfs::Status(const std::string&)>& may_make = {});
 
 }  // namespace agentvfs::store

@@ -23,6 +23,7 @@
 #include <optional>
 #include <sstream>
 #include <thread>
+#include <tuple>
 
 #include "backends/store/admin.h"
 #include "backends/store/namespace.h"
@@ -768,6 +769,33 @@ class StoreBackend::Impl {
     return {};
   }
 
+  // Adds the next version of file `ino`, made at `path`, holding the
+  // content `digest` describes (the bytes from `draft` when the store has
+  // not got them yet), and makes it the file's current content. Returns its
+  // number.
+  Result<int64_t> AppendVersion(Txn& txn, const Caller& c, int64_t ino,
+                                const std::string& path, const Draft* draft,
+                                const ContentDigest& digest, mode_t mode,
+                                int64_t mtime, int64_t now) {
+    TRY(StoreContent(txn, draft, digest));
+    auto maxn = txn.Query(
+        "SELECT COALESCE(MAX(n), 0) FROM versions WHERE ino = ?", {ino});
+    if (!maxn) return std::unexpected(maxn.error());
+    int64_t n = AsInt((*maxn)[0][0]) + 1;
+    auto v = txn.Exec(
+        "INSERT INTO versions(ino, n, path, author, session, time_ns, size, "
+        "content, mode) VALUES(?, ?, ?, ?, ?, ?, ?, ?, ?)",
+        {ino, n, path, c.user, c.session, now, digest.size, digest.hash,
+         int64_t{mode}});
+    if (!v) return std::unexpected(v.error());
+    auto u = txn.Exec(
+        "UPDATE inodes SET version = ?, content = ?, size = ?, blocks = ?, "
+        "mtime_ns = ?, ctime_ns = ? WHERE ino = ?",
+        {n, digest.hash, digest.size, digest.stored, mtime, now, ino});
+    if (!u) return std::unexpected(u.error());
+    return n;
+  }
+
   // Commits the draft of `node` (node->mu held). `release` also ends the
   // session's lease in the same transaction.
   Status Commit(const Caller& c, OpenNode& node, Durability durability,
@@ -810,28 +838,14 @@ class StoreBackend::Impl {
                                 "was committed; read it again and redo the "
                                 "change");
       }
-      TRY(StoreContent(txn, node.draft.get(), digest));
-      auto maxn = txn.Query(
-          "SELECT COALESCE(MAX(n), 0) FROM versions WHERE ino = ?", {node.ino});
-      if (!maxn) return std::unexpected(maxn.error());
-      int64_t n = AsInt((*maxn)[0][0]) + 1;
       TRY_ASSIGN(path, AnyPath(txn, node.ino));
       if (path.empty()) path = node.path;
       if (auto ok = NeedWrite(**policy, path); !ok)
         return NothingCommitted(ok.error());
       int64_t mtime =
           node.last_write_ns > 0 ? node.last_write_ns : inode->mtime_ns;
-      auto v = txn.Exec(
-          "INSERT INTO versions(ino, n, path, author, session, time_ns, size, "
-          "content, mode) VALUES(?, ?, ?, ?, ?, ?, ?, ?, ?)",
-          {node.ino, n, path, c.user, c.session, now, digest.size, digest.hash,
-           int64_t{inode->mode}});
-      if (!v) return std::unexpected(v.error());
-      auto u = txn.Exec(
-          "UPDATE inodes SET version = ?, content = ?, size = ?, blocks = ?, "
-          "mtime_ns = ?, ctime_ns = ? WHERE ino = ?",
-          {n, digest.hash, digest.size, digest.stored, mtime, now, node.ino});
-      if (!u) return std::unexpected(u.error());
+      TRY_ASSIGN(n, AppendVersion(txn, c, node.ino, path, node.draft.get(),
+                                  digest, inode->mode, mtime, now));
       if (!path.empty())
         TRY(RecordChange(txn, path, c.session, now, Origin(c)));
       if (release) TRY(DropLease(txn, c, node.ino));
@@ -2032,14 +2046,17 @@ constexpr const char* kVersionColumns =
 // The file at `path` now, or else the last deleted file that had that path.
 // A file that moved away and still lives under another name is not found
 // here: its history goes with it, and its new place may be one the caller
-// cannot read.
-Result<int64_t> FileOfPath(Txn& txn, const std::string& path,
-                           std::string* canon) {
+// cannot read. A name `policy` hides (reached through a symlink, say) is
+// answered as a missing one, whatever it is, and so is a path that cannot
+// be walked.
+Result<int64_t> FileOfPath(Txn& txn, const Policy& policy,
+                           const std::string& path, std::string* canon) {
   auto walked = Walk(txn, path, false);
-  if (!walked && walked.error().code != ENOENT) {
+  if (!walked && walked.error().code != ENOENT &&
+      walked.error().code != ENOTDIR && walked.error().code != ELOOP) {
     return std::unexpected(walked.error());
   }
-  if (walked && walked->node) {
+  if (walked && walked->node && policy.Visible(walked->path)) {
     const Walked& w = *walked;
     if (w.node->IsDir()) return Fail(EISDIR, path + " is a directory");
     if (w.node->IsLink()) return Fail(EINVAL, path + " is a symlink");
@@ -2069,7 +2086,7 @@ Result<std::vector<VersionInfo>> StoreBackend::History(const Caller& c,
   std::vector<VersionInfo> out;
   TRY(engine_->Read([&](Txn& txn) -> Status {
     std::string canon;
-    TRY_ASSIGN(ino, FileOfPath(txn, path.str(), &canon));
+    TRY_ASSIGN(ino, FileOfPath(txn, *policy, path.str(), &canon));
     TRY(Impl::NeedRead(*policy, canon));
     auto rows = txn.Query(std::string("SELECT ") + kVersionColumns +
                               " FROM versions WHERE ino = ? ORDER BY n",
@@ -2094,7 +2111,7 @@ Result<std::unique_ptr<vfs::FileHandle>> StoreBackend::OpenVersion(
   int64_t ino = 0;
   TRY(engine_->Read([&](Txn& txn) -> Status {
     std::string canon;
-    TRY_ASSIGN(found, FileOfPath(txn, path.str(), &canon));
+    TRY_ASSIGN(found, FileOfPath(txn, *policy, path.str(), &canon));
     TRY(Impl::NeedRead(*policy, canon));
     ino = found;
     auto rows = txn.Query(std::string("SELECT ") + kVersionColumns +
@@ -2126,57 +2143,92 @@ Result<VersionInfo> StoreBackend::Restore(const Caller& c, const Path& path,
   TRY_ASSIGN(old, OpenVersion(c, path, n));
   TRY(Impl::NeedWrite(*policy, path.str()));
   mode_t mode = 0644;
+  std::string content;
+  bool deleted = false;  // no file at the path: a deleted one comes back
   TRY(engine_->Read([&](Txn& txn) -> Status {
     std::string canon;
-    TRY_ASSIGN(ino, FileOfPath(txn, path.str(), &canon));
-    auto rows = txn.Query("SELECT mode FROM versions WHERE ino = ? AND n = ?",
-                          {ino, n});
-    if (!rows) return std::unexpected(rows.error());
-    if (!rows->empty()) mode = static_cast<mode_t>(AsInt((*rows)[0][0]));
-    return {};
-  }));
-  // A deleted file comes back as itself (its history goes on), with any
-  // parent directories that are gone too.
-  TRY(engine_->Write(Durability::kProcess, [&](Txn& txn) -> Status {
-    int64_t now = NowNs();
-    TRY(MakeDirs(txn, path.Parent().str(), now));
-    TRY_ASSIGN(w, Walk(txn, path.str(), false));
-    if (w.node || !w.parent) return {};
-    std::string canon;
-    TRY_ASSIGN(ino, FileOfPath(txn, path.str(), &canon));
+    TRY_ASSIGN(ino, FileOfPath(txn, *policy, path.str(), &canon));
     TRY_ASSIGN(inode, LoadInode(txn, ino));
-    if (!inode || !inode->deleted || inode->nlink != 0) return {};
-    auto d = txn.Exec("INSERT INTO dentries(parent, name, ino) VALUES(?, ?, ?)",
-                      {w.parent->ino, w.name, ino});
-    if (!d) return std::unexpected(d.error());
-    auto u = txn.Exec(
-        "UPDATE inodes SET nlink = 1, deleted_ns = NULL, ctime_ns = ? "
-        "WHERE ino = ?",
-        {now, ino});
-    if (!u) return std::unexpected(u.error());
-    TRY(TouchDir(txn, w.parent->ino, now));
-    return RecordChange(txn, w.path, c.session, now, impl_->Origin(c));
-  }));
-  // The restorer has just looked at the history: what it restores over is
-  // what it saw.
-  TRY(engine_->Read([&](Txn& txn) -> Status {
-    TRY_ASSIGN(w, Walk(txn, path.str(), false));
-    if (w.node) impl_->SetSeen(c.session, w.node->ino, w.node->version, w.path);
+    deleted = inode && inode->deleted;
+    auto rows = txn.Query(
+        "SELECT mode, content FROM versions WHERE ino = ? AND n = ?", {ino, n});
+    if (!rows) return std::unexpected(rows.error());
+    if (rows->empty())
+      return Fail(ENOENT, path.str() + " has no version " + std::to_string(n));
+    mode = static_cast<mode_t>(AsInt((*rows)[0][0]));
+    content = AsText((*rows)[0][1]);
     return {};
   }));
-  TRY_ASSIGN(file, Open(c, path, O_WRONLY | O_CREAT | O_TRUNC, mode & 07777));
-  std::string buf(kChunkSize, '\0');
-  off_t off = 0;
-  while (true) {
-    TRY_ASSIGN(got, old->Read(buf.data(), buf.size(), off));
-    if (got == 0) break;
-    TRY_ASSIGN(put, file->Write(buf.data(), got, off));
-    if (put != got) return Fail(EIO, "short write while restoring");
-    off += static_cast<off_t>(got);
+  // A deleted file comes back as itself (its history goes on), in one
+  // transaction that links it and commits version n's content as its next
+  // version: never with the content it had when it was deleted, which may
+  // have been written where this caller cannot read. Missing parent
+  // directories are made where the caller may create them.
+  bool relinked = false;
+  if (deleted) {
+    auto draft = std::make_unique<Draft>(impl_->scratch_);
+    TRY(impl_->CopyContentTo(content, *draft));
+    TRY_ASSIGN(digest, DigestDraft(draft.get()));
+    std::tuple<int64_t, int64_t, std::string> seen;  // ino, version, path
+    TRY(engine_->Write(
+        impl_->options_.commit_durability, [&](Txn& txn) -> Status {
+          int64_t now = NowNs();
+          TRY(MakeDirs(txn, path.Parent().str(), now,
+                       [&](const std::string& dir) -> Status {
+                         TRY(Impl::NeedVisible(*policy, ParentOf(dir)));
+                         return Impl::NeedCreate(*policy, dir);
+                       }));
+          TRY_ASSIGN(w, Walk(txn, path.str(), false));
+          if (w.node || !w.parent) return {};  // a file is there: see below
+          std::string canon;
+          TRY_ASSIGN(ino, FileOfPath(txn, *policy, path.str(), &canon));
+          TRY_ASSIGN(inode, LoadInode(txn, ino));
+          if (!inode || !inode->deleted || inode->nlink != 0) return {};
+          TRY(impl_->CheckLease(txn, c, ino, w.path, now));
+          auto d = txn.Exec(
+              "INSERT INTO dentries(parent, name, ino) VALUES(?, ?, ?)",
+              {w.parent->ino, w.name, ino});
+          if (!d) return std::unexpected(d.error());
+          auto u = txn.Exec(
+              "UPDATE inodes SET nlink = 1, deleted_ns = NULL, mode = ? "
+              "WHERE ino = ?",
+              {int64_t{(inode->mode & S_IFMT) | (mode & 07777)}, ino});
+          if (!u) return std::unexpected(u.error());
+          TRY_ASSIGN(made,
+                     impl_->AppendVersion(txn, c, ino, w.path, draft.get(),
+                                          digest, mode & 07777, now, now));
+          TRY(TouchDir(txn, w.parent->ino, now));
+          TRY(RecordChange(txn, w.path, c.session, now, impl_->Origin(c)));
+          seen = {ino, made, w.path};
+          relinked = true;
+          return {};
+        }));
+    impl_->SetSeen(c.session, std::get<0>(seen), std::get<1>(seen),
+                   std::get<2>(seen));
   }
-  TRY(file->Chmod(mode & 07777));
-  TRY(file->Flush());
-  file.reset();
+  if (!relinked) {
+    // A file is at the path: version n is committed over it as any write
+    // would be (lease and staleness rules apply). The restorer has just
+    // looked at the history: what it restores over is what it saw.
+    TRY(engine_->Read([&](Txn& txn) -> Status {
+      TRY_ASSIGN(w, Walk(txn, path.str(), false));
+      if (w.node)
+        impl_->SetSeen(c.session, w.node->ino, w.node->version, w.path);
+      return {};
+    }));
+    TRY_ASSIGN(file, Open(c, path, O_WRONLY | O_CREAT | O_TRUNC, mode & 07777));
+    std::string buf(kChunkSize, '\0');
+    off_t off = 0;
+    while (true) {
+      TRY_ASSIGN(got, old->Read(buf.data(), buf.size(), off));
+      if (got == 0) break;
+      TRY_ASSIGN(put, file->Write(buf.data(), got, off));
+      if (put != got) return Fail(EIO, "short write while restoring");
+      off += static_cast<off_t>(got);
+    }
+    TRY(file->Chmod(mode & 07777));
+    TRY(file->Flush());
+  }
   TRY_ASSIGN(history, History(c, path));
   if (history.empty()) return Fail(EIO, "restore left no version");
   return history.back();
@@ -2193,7 +2245,7 @@ Result<PurgeReport> StoreBackend::Purge(const Caller& c, const Path& path,
   int64_t now = NowNs();
   TRY(engine_->Write(Durability::kFull, [&](Txn& txn) -> Status {
     std::string canon;
-    TRY_ASSIGN(current, FileOfPath(txn, path.str(), &canon));
+    TRY_ASSIGN(current, FileOfPath(txn, *policy, path.str(), &canon));
     // The purge removes every name of the file: the purger needs admin where
     // each of them is, not only on the path it gave (which may lead through
     // a symlink).

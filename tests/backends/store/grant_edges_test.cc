@@ -98,6 +98,105 @@ TEST_P(GrantEdgesTest, HistoryDoesNotFollowAFileToWhereTheCallerCannotRead) {
   EXPECT_EQ(history.size(), 2u);
 }
 
+// A deleted file that is restored comes back holding the version restored,
+// from the moment it has a name again: never, not even between two steps
+// of the restore, with the content it had when it was deleted, which may
+// have been written where the restorer cannot read.
+TEST_P(GrantEdgesTest, ARestoredFileNeverShowsAVersionTheRestorerCannotRead) {
+  const std::string shared = "/memories/teams/eng/plan.md";
+  const std::string mine = "/memories/users/alice/plan.md";
+  ASSERT_OK(Put(alice_, shared, "team plan\n"));  // version 1, the team's
+  ASSERT_OK(backend_->Rename(alice_, P(shared), P(mine), 0));
+  ASSERT_OK(Put(alice_, mine, "alice's private plan\n"));  // version 2
+  // Alice still holds it open for writing when she deletes it (version 3).
+  ASSERT_OK_AND_ASSIGN(auto held, backend_->Open(alice_, P(mine), O_WRONLY, 0));
+  ASSERT_OK(backend_->Unlink(alice_, P(mine)));
+  ASSERT_OK_AND_ASSIGN(auto seen, backend_->History(bob_, P(shared)));
+  ASSERT_EQ(seen.size(), 1u);
+  EXPECT_EQ(seen[0].n, 1);
+
+  // Her lease makes the restore fail, and it leaves nothing behind.
+  EXPECT_ERRNO(backend_->Restore(bob_, P(shared), 1), EBUSY);
+  EXPECT_EQ(Get(bob_, shared), "<ENOENT>");
+  EXPECT_EQ(Get(alice_, shared), "<ENOENT>");
+  ASSERT_OK(held->Flush());
+  held.reset();
+
+  ASSERT_OK_AND_ASSIGN(auto restored, backend_->Restore(bob_, P(shared), 1));
+  EXPECT_EQ(restored.path, shared);
+  EXPECT_EQ(restored.author, "bob");
+  EXPECT_EQ(Get(bob_, shared), "team plan\n");
+  ASSERT_OK_AND_ASSIGN(auto after, backend_->History(bob_, P(shared)));
+  ASSERT_EQ(after.size(), 2u);
+  EXPECT_EQ(after[1].n, restored.n);
+  EXPECT_EQ(after[1].content_hash, after[0].content_hash);
+  // Its mode is the version's, and a reader sees its size at once.
+  ASSERT_OK_AND_ASSIGN(auto st, backend_->Stat(bob_, P(shared)));
+  EXPECT_EQ(st.st_size, 10);
+  EXPECT_EQ(st.st_mode & 07777, 0644);
+}
+
+// history, cat --version and restore through a symlink into a folder the
+// caller cannot read say of every name there what they say of a missing
+// one: not whether it is a directory, a symlink, a file or nothing.
+TEST_P(GrantEdgesTest, HistoryThroughALinkTellsNothingOfAHiddenFolder) {
+  ASSERT_OK(backend_->Mkdir(alice_, P("/memories/users/alice/dir"), 0755));
+  ASSERT_OK(Put(alice_, "/memories/users/alice/file.md", "alice's\n"));
+  ASSERT_OK(
+      backend_->Symlink(alice_, "file.md", P("/memories/users/alice/link")));
+  ASSERT_OK(backend_->Symlink(bob_, "/memories/users/alice",
+                              P("/memories/users/bob/l")));
+  const std::string base = "/memories/users/bob/l/";
+  auto answer = [&](const std::string& name, int which) {
+    const std::string path = base + name;
+    vfs::Error e;
+    if (which == 0) {
+      auto r = backend_->History(bob_, P(path));
+      if (r) return std::string("<ok>");
+      e = r.error();
+    } else if (which == 1) {
+      auto r = backend_->OpenVersion(bob_, P(path), 1);
+      if (r) return std::string("<ok>");
+      e = r.error();
+    } else {
+      auto r = backend_->Restore(bob_, P(path), 1);
+      if (r) return std::string("<ok>");
+      e = r.error();
+    }
+    std::string m = e.message;
+    for (size_t at; (at = m.find(path)) != std::string::npos;)
+      m.replace(at, path.size(), "PATH");
+    return vfs::ErrnoName(e.code) + " " + m;
+  };
+  for (int which = 0; which < 3; ++which) {
+    SCOPED_TRACE(which == 0 ? "history" : which == 1 ? "version" : "restore");
+    const std::string missing = answer("missing", which);
+    EXPECT_EQ(missing.rfind("ENOENT", 0), 0u) << missing;
+    for (const char* name : {"dir", "link", "file.md", "file.md/x", "dir/x"})
+      EXPECT_EQ(answer(name, which), missing) << name;
+  }
+}
+
+// Restore makes the missing directories above a deleted file only where
+// the restorer may create them.
+TEST_P(GrantEdgesTest, RestoreMakesNoDirectoryTheCallerCouldNotMake) {
+  const std::string dir = "/memories/org/runbooks";
+  const std::string file = dir + "/oncall.md";
+  ASSERT_OK(backend_->Mkdir(admin_, P(dir), 0755));
+  ASSERT_OK(Put(admin_, file, "page the lead\n"));
+  ASSERT_OK(Grant(backend_->engine(), "admin", file, Subject{"user", "bob"},
+                  Level::kWrite));
+  ASSERT_OK(backend_->Unlink(admin_, P(file)));
+  ASSERT_OK(backend_->Rmdir(admin_, P(dir)));
+
+  EXPECT_ERRNO(backend_->Restore(bob_, P(file), 1), EACCES);
+  EXPECT_ERRNO(backend_->Stat(admin_, P(dir)), ENOENT);
+  // Once the directory is there again, bob restores the file he may write.
+  ASSERT_OK(backend_->Mkdir(admin_, P(dir), 0755));
+  ASSERT_OK(backend_->Restore(bob_, P(file), 1));
+  EXPECT_EQ(Get(bob_, file), "page the lead\n");
+}
+
 TEST_P(GrantEdgesTest, VersionsMadeWhereTheCallerCannotReadStayHidden) {
   const std::string draft = "/memories/users/bob/draft.md";
   const std::string shared = "/memories/teams/eng/draft.md";
