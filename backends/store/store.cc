@@ -1349,6 +1349,31 @@ void StoreBackend::SetChangeListener(vfs::ChangeListener* listener) {
 
 namespace {
 
+// Walk, for a caller: a walk that fails beyond a directory `policy` hides
+// (reached through a symlink) fails as a missing name there would, ENOENT,
+// so that ENOTDIR, ELOOP or EACCES never tell what that directory holds.
+// Only a failed walk pays for the search of that directory.
+Result<Walked> WalkFor(Txn& txn, const Policy& policy, const std::string& path,
+                       bool follow_last) {
+  auto w = Walk(txn, path, follow_last);
+  if (w) return w;
+  int code = w.error().code;
+  if (code != ENOENT && code != ENOTDIR && code != ELOOP && code != EACCES)
+    return w;
+  std::string prefix;
+  for (size_t i = 1; i < path.size();) {
+    size_t j = path.find('/', i);
+    if (j == std::string::npos) break;  // the last name: no directory below
+    prefix = path.substr(0, j);
+    auto dir = Walk(txn, prefix, true);
+    if (!dir || !dir->node) break;  // the failure is here, in sight
+    if (!policy.Visible(dir->path))
+      return Fail(ENOENT, "no such file or directory");
+    i = j + 1;
+  }
+  return w;
+}
+
 int64_t OwnerUid(const Caller& c) { return c.uid ? *c.uid : geteuid(); }
 int64_t OwnerGid(const Caller& c) { return c.gid ? *c.gid : getegid(); }
 
@@ -1359,7 +1384,7 @@ Result<vfs::Attr> StoreBackend::Stat(const Caller& c, const Path& path) {
   TRY(Impl::NeedVisible(*policy, path.str()));
   vfs::Attr st{};
   TRY(engine_->Read([&](Txn& txn) -> Status {
-    TRY_ASSIGN(w, Walk(txn, path.str(), false));
+    TRY_ASSIGN(w, WalkFor(txn, *policy, path.str(), false));
     if (!w.node) return Fail(ENOENT, "no such file or directory");
     TRY(Impl::NeedVisible(*policy, w.path));
     st = w.node->ToAttr();
@@ -1384,7 +1409,7 @@ Result<std::vector<vfs::DirEntry>> StoreBackend::ReadDir(const Caller& c,
   TRY(Impl::NeedVisible(*policy, path.str()));
   std::vector<vfs::DirEntry> out;
   TRY(engine_->Read([&](Txn& txn) -> Status {
-    TRY_ASSIGN(w, Walk(txn, path.str(), true));
+    TRY_ASSIGN(w, WalkFor(txn, *policy, path.str(), true));
     if (!w.node) return Fail(ENOENT, "no such directory");
     TRY(Impl::NeedVisible(*policy, w.path));
     if (!w.node->IsDir()) return Fail(ENOTDIR, "not a directory");
@@ -1428,7 +1453,7 @@ Result<std::unique_ptr<vfs::FileHandle>> StoreBackend::Open(const Caller& c,
     Inode inode;
     std::string canon;
     TRY(engine_->Read([&](Txn& txn) -> Status {
-      TRY_ASSIGN(w, Walk(txn, path.str(), follow));
+      TRY_ASSIGN(w, WalkFor(txn, *policy, path.str(), follow));
       if (!w.node || !policy->Visible(w.path))
         return Fail(ENOENT, "no such file or directory");
       if (w.node->IsLink()) return Fail(ELOOP, "O_NOFOLLOW on a symlink");
@@ -1456,7 +1481,7 @@ Result<std::unique_ptr<vfs::FileHandle>> StoreBackend::Open(const Caller& c,
   bool created = false;
   bool opening = false;
   auto opened = engine_->Write(Durability::kProcess, [&](Txn& txn) -> Status {
-    TRY_ASSIGN(w, Walk(txn, path.str(), follow));
+    TRY_ASSIGN(w, WalkFor(txn, *policy, path.str(), follow));
     // A name the caller cannot see answers as a missing one would, so that
     // neither EEXIST nor EISDIR nor ELOOP tells it is there.
     bool hidden = w.node && !policy->Visible(w.path);
@@ -1577,7 +1602,7 @@ Status StoreBackend::Mkdir(const Caller& c, const Path& path, mode_t mode) {
   TRY(Impl::NeedVisible(*policy, path.Parent().str()));
   int64_t now = NowNs();
   return engine_->Write(Durability::kProcess, [&](Txn& txn) -> Status {
-    TRY_ASSIGN(w, Walk(txn, path.str(), false));
+    TRY_ASSIGN(w, WalkFor(txn, *policy, path.str(), false));
     if (!w.parent) return Fail(EEXIST, "exists");
     TRY(Impl::NeedVisible(*policy, ParentOf(w.path)));
     if (w.node && policy->Visible(w.path)) return Fail(EEXIST, "file exists");
@@ -1598,7 +1623,7 @@ Status StoreBackend::Symlink(const Caller& c, const std::string& target,
   if (target.size() >= PATH_MAX) return Fail(ENAMETOOLONG, "target too long");
   int64_t now = NowNs();
   return engine_->Write(Durability::kProcess, [&](Txn& txn) -> Status {
-    TRY_ASSIGN(w, Walk(txn, link.str(), false));
+    TRY_ASSIGN(w, WalkFor(txn, *policy, link.str(), false));
     if (!w.parent) return Fail(EEXIST, "exists");
     if (w.node && policy->Visible(w.path)) return Fail(EEXIST, "file exists");
     TRY(Impl::NeedCreate(*policy, w.path));
@@ -1615,7 +1640,7 @@ Result<std::string> StoreBackend::Readlink(const Caller& c, const Path& path) {
   TRY(Impl::NeedVisible(*policy, path.str()));
   std::string target;
   TRY(engine_->Read([&](Txn& txn) -> Status {
-    TRY_ASSIGN(w, Walk(txn, path.str(), false));
+    TRY_ASSIGN(w, WalkFor(txn, *policy, path.str(), false));
     if (!w.node) return Fail(ENOENT, "no such file");
     TRY(Impl::NeedRead(*policy, w.path));
     if (!w.node->IsLink()) return Fail(EINVAL, "not a symlink");
@@ -1679,7 +1704,7 @@ Status StoreBackend::Unlink(const Caller& c, const Path& path) {
   TRY(Impl::NeedVisible(*policy, path.str()));
   int64_t now = NowNs();
   return engine_->Write(Durability::kProcess, [&](Txn& txn) -> Status {
-    TRY_ASSIGN(w, Walk(txn, path.str(), false));
+    TRY_ASSIGN(w, WalkFor(txn, *policy, path.str(), false));
     if (!w.node) return Fail(ENOENT, "no such file");
     TRY(Impl::NeedRemove(*policy, w.path));
     if (w.node->IsDir()) return Fail(EISDIR, "is a directory; use rmdir");
@@ -1697,7 +1722,7 @@ Status StoreBackend::Rmdir(const Caller& c, const Path& path) {
   TRY(Impl::NeedVisible(*policy, path.str()));
   int64_t now = NowNs();
   return engine_->Write(Durability::kProcess, [&](Txn& txn) -> Status {
-    TRY_ASSIGN(w, Walk(txn, path.str(), false));
+    TRY_ASSIGN(w, WalkFor(txn, *policy, path.str(), false));
     if (!w.node) return Fail(ENOENT, "no such directory");
     if (!w.parent) return Fail(EBUSY, "the root cannot be removed");
     TRY(Impl::NeedRemove(*policy, w.path));
@@ -1777,11 +1802,11 @@ Status StoreBackend::Link(const Caller& c, const Path& from, const Path& to) {
   TRY(Impl::NeedVisible(*policy, to.Parent().str()));
   int64_t now = NowNs();
   return engine_->Write(Durability::kProcess, [&](Txn& txn) -> Status {
-    TRY_ASSIGN(src, Walk(txn, from.str(), false));
+    TRY_ASSIGN(src, WalkFor(txn, *policy, from.str(), false));
     if (!src.node) return Fail(ENOENT, "no such file");
     TRY(Impl::NeedWrite(*policy, src.path));
     if (src.node->IsDir()) return Fail(EPERM, "cannot hard-link a directory");
-    TRY_ASSIGN(dst, Walk(txn, to.str(), false));
+    TRY_ASSIGN(dst, WalkFor(txn, *policy, to.str(), false));
     if (!dst.parent) return Fail(EEXIST, "exists");
     if (dst.node && policy->Visible(dst.path))
       return Fail(EEXIST, "file exists");
@@ -1833,11 +1858,11 @@ Status StoreBackend::Rename(const Caller& c, const Path& from, const Path& to,
   }
   int64_t now = NowNs();
   return engine_->Write(Durability::kProcess, [&](Txn& txn) -> Status {
-    TRY_ASSIGN(src, Walk(txn, from.str(), false));
+    TRY_ASSIGN(src, WalkFor(txn, *policy, from.str(), false));
     if (!src.node) return Fail(ENOENT, "no such file or directory");
     if (!src.parent) return Fail(EBUSY, "the root cannot be renamed");
     TRY(Impl::NeedRemove(*policy, src.path));
-    TRY_ASSIGN(dst, Walk(txn, to.str(), false));
+    TRY_ASSIGN(dst, WalkFor(txn, *policy, to.str(), false));
     if (!dst.parent) return Fail(EBUSY, "the root cannot be replaced");
     TRY(Impl::NeedCreate(*policy, dst.path));
     if (dst.node) TRY(Impl::NeedRemove(*policy, dst.path));
@@ -1947,7 +1972,7 @@ static Status ChangeAttrs(StoreBackend::Impl& impl, Engine& engine,
   int64_t now = NowNs();
   int64_t ino = 0;
   TRY(engine.Write(Durability::kProcess, [&](Txn& txn) -> Status {
-    TRY_ASSIGN(w, Walk(txn, path.str(), follow));
+    TRY_ASSIGN(w, WalkFor(txn, *policy, path.str(), follow));
     if (!w.node) return Fail(ENOENT, "no such file or directory");
     TRY(StoreBackend::Impl::NeedWrite(*policy, w.path));
     Inode n = *w.node;
@@ -2051,7 +2076,7 @@ constexpr const char* kVersionColumns =
 // be walked.
 Result<int64_t> FileOfPath(Txn& txn, const Policy& policy,
                            const std::string& path, std::string* canon) {
-  auto walked = Walk(txn, path, false);
+  auto walked = WalkFor(txn, policy, path, false);
   if (!walked && walked.error().code != ENOENT &&
       walked.error().code != ENOTDIR && walked.error().code != ELOOP) {
     return std::unexpected(walked.error());
@@ -2178,7 +2203,7 @@ Result<VersionInfo> StoreBackend::Restore(const Caller& c, const Path& path,
                          TRY(Impl::NeedVisible(*policy, ParentOf(dir)));
                          return Impl::NeedCreate(*policy, dir);
                        }));
-          TRY_ASSIGN(w, Walk(txn, path.str(), false));
+          TRY_ASSIGN(w, WalkFor(txn, *policy, path.str(), false));
           if (w.node || !w.parent) return {};  // a file is there: see below
           std::string canon;
           TRY_ASSIGN(ino, FileOfPath(txn, *policy, path.str(), &canon));
@@ -2211,7 +2236,7 @@ Result<VersionInfo> StoreBackend::Restore(const Caller& c, const Path& path,
     // would be (lease and staleness rules apply). The restorer has just
     // looked at the history: what it restores over is what it saw.
     TRY(engine_->Read([&](Txn& txn) -> Status {
-      TRY_ASSIGN(w, Walk(txn, path.str(), false));
+      TRY_ASSIGN(w, WalkFor(txn, *policy, path.str(), false));
       if (w.node)
         impl_->SetSeen(c.session, w.node->ino, w.node->version, w.path);
       return {};

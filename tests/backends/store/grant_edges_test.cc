@@ -177,6 +177,49 @@ TEST_P(GrantEdgesTest, HistoryThroughALinkTellsNothingOfAHiddenFolder) {
   }
 }
 
+// Every operation through a symlink into a folder the caller cannot see
+// fails there as it would for a missing name: a file, a symlink loop or a
+// link out of the store in the middle of the path (ENOTDIR, ELOOP, EACCES
+// where the caller could see) tells nothing.
+TEST_P(GrantEdgesTest, APathThroughAHiddenFolderFailsAsAMissingOne) {
+  ASSERT_OK(Put(alice_, "/memories/users/alice/file.md", "alice's\n"));
+  ASSERT_OK(backend_->Symlink(alice_, "loop", P("/memories/users/alice/loop")));
+  ASSERT_OK(backend_->Symlink(alice_, "/etc", P("/memories/users/alice/out")));
+  ASSERT_OK(backend_->Symlink(bob_, "/memories/users/alice",
+                              P("/memories/users/bob/l")));
+  const std::string base = "/memories/users/bob/l/";
+  auto errno_of = [](const auto& r) {
+    return r ? std::string("<ok>") : vfs::ErrnoName(r.error().code);
+  };
+  auto answers = [&](const std::string& name) {
+    const std::string p = base + name + "/x";
+    std::vector<std::string> out;
+    out.push_back(errno_of(backend_->Stat(bob_, P(p))));
+    out.push_back(errno_of(backend_->ReadDir(bob_, P(p))));
+    out.push_back(errno_of(backend_->Open(bob_, P(p), O_RDONLY, 0)));
+    out.push_back(
+        errno_of(backend_->Open(bob_, P(p), O_WRONLY | O_CREAT, 0644)));
+    out.push_back(errno_of(backend_->Mkdir(bob_, P(p), 0755)));
+    out.push_back(errno_of(backend_->Unlink(bob_, P(p))));
+    out.push_back(errno_of(backend_->Rmdir(bob_, P(p))));
+    out.push_back(errno_of(backend_->Symlink(bob_, "t", P(p))));
+    out.push_back(errno_of(backend_->Truncate(bob_, P(p), 0)));
+    out.push_back(errno_of(
+        backend_->Rename(bob_, P(p), P("/memories/users/bob/moved"), 0)));
+    out.push_back(
+        errno_of(backend_->Rename(bob_, P("/memories/users/bob/l"), P(p), 0)));
+    return out;
+  };
+  const auto missing = answers("missing");
+  for (const auto& e : missing) EXPECT_EQ(e, "ENOENT");
+  for (const char* name : {"file.md", "loop", "out"})
+    EXPECT_EQ(answers(name), missing) << name;
+  // Where the caller sees, the same paths keep their precise errors.
+  ASSERT_OK(Put(bob_, "/memories/users/bob/mine.md", "bob's\n"));
+  EXPECT_ERRNO(backend_->Stat(bob_, P("/memories/users/bob/mine.md/x")),
+               ENOTDIR);
+}
+
 // Restore makes the missing directories above a deleted file only where
 // the restorer may create them.
 TEST_P(GrantEdgesTest, RestoreMakesNoDirectoryTheCallerCouldNotMake) {
