@@ -42,6 +42,7 @@
 
 #include "backends/sandbox/protocol.h"
 #include "vfs/fuse/fuse_frontend.h"
+#include "vfs/host_tree.h"
 #include "vfs/mount_table.h"
 #include "vfs/path.h"
 
@@ -126,62 +127,10 @@ void WriteNumber(int fd, long value) {
   (void)ignored;
 }
 
-// The id of the mount `name` (relative to dirfd) is on, or 0.
-uint64_t MountId(int dir_fd, const char* name) {
-  struct statx sx;
-  if (statx(dir_fd, name, AT_SYMLINK_NOFOLLOW | AT_EMPTY_PATH, STATX_MNT_ID,
-            &sx) != 0 ||
-      !(sx.stx_mask & STATX_MNT_ID))
-    return 0;
-  return sx.stx_mnt_id;
-}
-
-// Removes the tree under `dirfd` (then closes it) without following symlinks
-// and without entering other mounts (a bind mount of the workspace or a
-// FUSE view left under it stays whole).
-void RemoveTreeAt(int dir_fd, dev_t dev) {
-  const uint64_t mnt = MountId(dir_fd, "");
-  DIR* d = fdopendir(dir_fd);
-  if (d == nullptr) {
-    close(dir_fd);
-    return;
-  }
-  std::vector<std::string> names;
-  while (dirent* e = readdir(d)) {
-    std::string n = e->d_name;
-    if (n != "." && n != "..") names.push_back(std::move(n));
-  }
-  int fd = dirfd(d);
-  for (const auto& n : names) {
-    struct stat st;
-    if (fstatat(fd, n.c_str(), &st, AT_SYMLINK_NOFOLLOW) != 0) continue;
-    if (S_ISDIR(st.st_mode)) {
-      if (st.st_dev != dev || MountId(fd, n.c_str()) != mnt) continue;
-      int sub = openat(fd, n.c_str(),
-                       O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
-      if (sub < 0 && errno == EACCES) {
-        fchmodat(fd, n.c_str(), 0700, 0);
-        sub = openat(fd, n.c_str(),
-                     O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
-      }
-      if (sub >= 0) RemoveTreeAt(sub, dev);
-      unlinkat(fd, n.c_str(), AT_REMOVEDIR);
-    } else {
-      unlinkat(fd, n.c_str(), 0);
-    }
-  }
-  closedir(d);
-}
-
 void RemoveTree(const std::string& path) {
   int fd = open(path.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
   if (fd < 0) return;
-  struct stat st;
-  if (fstat(fd, &st) != 0) {
-    close(fd);
-    return;
-  }
-  RemoveTreeAt(fd, st.st_dev);
+  vfs::RemoveTreeAt(fd);
   rmdir(path.c_str());
 }
 

@@ -1,0 +1,14 @@
+// Host directory trees, handled relative to open directories so that no
+// symlink is ever followed.
+#pragma once
+
+namespace agentvfs::vfs {
+
+// Removes everything under the directory open as `dir_fd` (and closes it),
+// without following symlinks and without entering another filesystem or
+// mount (a bind mount or a FUSE view left under it stays whole). A
+// directory without owner rwx is opened up first. Best effort: what cannot
+// be removed stays.
+void RemoveTreeAt(int dir_fd);
+
+}  // namespace agentvfs::vfs
