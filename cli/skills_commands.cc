@@ -5,7 +5,6 @@
 #include <sys/stat.h>
 
 #include <algorithm>
-#include <filesystem>
 #include <iostream>
 #include <memory>
 #include <string>
@@ -113,20 +112,12 @@ void AddExport(CLI::App& app, int* exit_code) {
     }
     *exit_code = RunAsUser(
         "export", a->store, "cli", [&](StoreSession& s) -> vfs::Status {
-          std::error_code ec;
-          bool existed =
-              std::filesystem::symlink_status(a->host_dir, ec).type() !=
-              std::filesystem::file_type::not_found;
           store::ExportOptions options;
           options.into_non_empty = a->merge;
+          // A failed export removes the directory it made (and only that).
           auto ok = store::ExportTree(*s.backend, s.caller, *src, a->host_dir,
                                       options);
-          if (!ok) {
-            // Leave no half-written copy behind, but only remove what this
-            // command created.
-            if (!existed) std::filesystem::remove_all(a->host_dir, ec);
-            return ok;
-          }
+          if (!ok) return ok;
           std::cout << "exported " << src->str() << " to " << a->host_dir
                     << "\n";
           return {};

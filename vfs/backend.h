@@ -100,6 +100,11 @@ class FileHandle {
   // Called at every close(2) of a descriptor for this handle; a backend that
   // commits on close commits here and reports a failed commit here.
   virtual Status Flush() { return {}; }
+  // For a writer that failed part-way: what it wrote through this handle
+  // and did not commit is dropped, so that no later Flush() or release
+  // commits it. A backend whose writes land at once (a host directory)
+  // keeps them.
+  virtual void Discard() {}
   // False when Flush() does nothing, so frontends may skip calling it (the
   // FUSE frontend then spares close(2) a round trip to the daemon).
   virtual bool NeedsFlush() const { return true; }

@@ -23,6 +23,8 @@
 #include <set>
 #include <utility>
 
+#include "vfs/host_tree.h"
+
 namespace agentvfs::store {
 namespace {
 
@@ -579,6 +581,37 @@ Status MakeHostDirWritable(int fd, const std::string& shown) {
   return {};
 }
 
+// The directory `name` (relative to `at`), opened without following a
+// symlink there: ELOOP, saying so, for one. A link may have been planted by
+// whoever can write the directory it is in, such as an agent in its
+// workspace; the caller names the directory it leads to if it means it.
+Result<Fd> OpenDirNoFollow(int at, const std::string& name,
+                           const std::string& shown) {
+  Fd fd(openat(at, name.c_str(),
+               O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
+  if (fd.valid()) return fd;
+  int err = errno;
+  struct stat st;
+  if ((err == ELOOP || err == ENOTDIR) &&
+      fstatat(at, name.c_str(), &st, AT_SYMLINK_NOFOLLOW) == 0 &&
+      S_ISLNK(st.st_mode)) {
+    return Fail(ELOOP, shown +
+                           ": is a symlink; agentvfs does not follow it "
+                           "(name the directory it leads to, if that is "
+                           "what you mean)");
+  }
+  errno = err;
+  return HostErrno("open directory", shown);
+}
+
+// The directory a command names on the host (the way to it is the caller's
+// path, looked up as given), never a symlink itself.
+Result<Fd> OpenHostTop(const std::string& host_dir) {
+  std::string path = host_dir;
+  while (path.size() > 1 && path.back() == '/') path.pop_back();
+  return OpenDirNoFollow(AT_FDCWD, path, host_dir);
+}
+
 timespec OmitTime() { return timespec{0, UTIME_OMIT}; }
 
 // The name of the folder `host_dir` names, also for "." and "dir/".
@@ -776,6 +809,15 @@ class Importer {
         backend_.Open(caller_, dest, O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW,
                       S_IRUSR | S_IWUSR);
     if (!handle) return WithContext(handle.error(), "open " + dest.str());
+    // A copy that fails part-way commits nothing: the file keeps the
+    // version it had (or, new, stays empty).
+    struct DiscardUnlessDone {
+      vfs::FileHandle& h;
+      bool done = false;
+      ~DiscardUnlessDone() {
+        if (!done) h.Discard();
+      }
+    } discard{**handle};
     off_t offset = 0;
     for (;;) {
       ssize_t n = read(in.get(), buf_.data(), buf_.size());
@@ -794,6 +836,7 @@ class Importer {
     }
     // Flush is where a committing backend commits; then close the handle
     // before changing attributes by path.
+    discard.done = true;
     if (auto s = (*handle)->Flush(); !s) {
       return WithContext(s.error(), "commit " + dest.str());
     }
@@ -981,6 +1024,10 @@ class Exporter {
       }
       auto sub = OpenHostSubdir(dirfd, name, shown);
       if (!sub) return Unexpected(sub.error());
+      // A host directory merged into keeps its own mode (a ~/.ssh is not
+      // opened up to the store's 0755).
+      struct stat was;
+      if (have_dir && fstat(sub->get(), &was) == 0) mode = was.st_mode & 07777;
       if (auto s = MakeHostDirWritable(sub->get(), shown); !s) return s;
       if (auto s = CopyDir(src, sub->get(), shown); !s) return s;
       if (fchmod(sub->get(), mode) != 0) return HostErrno("chmod", shown);
@@ -1076,14 +1123,16 @@ vfs::Result<SkillInfo> ParseSkillMd(std::string_view text,
 }
 
 vfs::Result<SkillInfo> ValidateSkillFolder(const std::string& host_dir) {
-  Fd root(open(host_dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
-  if (!root.valid()) return HostErrno("open directory", host_dir);
+  auto top = OpenHostTop(host_dir);
+  if (!top) return Unexpected(top.error());
+  Fd root = std::move(*top);
   return ValidateSkillAt(root.get(), host_dir, FolderName(host_dir));
 }
 
 vfs::Result<std::vector<HostSkill>> FindSkills(const std::string& host_dir) {
-  Fd root(open(host_dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
-  if (!root.valid()) return HostErrno("open directory", host_dir);
+  auto top = OpenHostTop(host_dir);
+  if (!top) return Unexpected(top.error());
+  Fd root = std::move(*top);
   struct stat st;
   if (fstatat(root.get(), std::string(kSkillMd).c_str(), &st,
               AT_SYMLINK_NOFOLLOW) == 0 ||
@@ -1154,8 +1203,9 @@ vfs::Status ImportOpenTree(vfs::Backend& backend, const vfs::Caller& caller,
 vfs::Status ImportTree(vfs::Backend& backend, const vfs::Caller& caller,
                        const std::string& host_dir, const vfs::Path& dest,
                        const ImportOptions& options) {
-  Fd root(open(host_dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
-  if (!root.valid()) return HostErrno("open directory", host_dir);
+  auto top = OpenHostTop(host_dir);
+  if (!top) return Unexpected(top.error());
+  Fd root = std::move(*top);
   return ImportOpenTree(backend, caller, root.get(), host_dir, dest, options);
 }
 
@@ -1168,31 +1218,81 @@ vfs::Status ExportTree(vfs::Backend& backend, const vfs::Caller& caller,
     return Fail(ENOTDIR, src.str() + ": is a " + TypeName(attr->st_mode) +
                              "; export copies a directory");
   }
-  bool created = mkdir(host_dir.c_str(), S_IRWXU) == 0;
-  if (!created && errno != EEXIST) return HostErrno("mkdir", host_dir);
-  Fd root(open(host_dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
-  if (!root.valid()) return HostErrno("open directory", host_dir);
-  if (!created && !options.into_non_empty) {
-    auto entries = ListHostDir(root.get(), host_dir);
-    if (!entries) return Unexpected(entries.error());
-    if (!entries->empty()) {
-      return Fail(EEXIST, host_dir +
-                              ": is not empty; export into a new or empty "
-                              "directory, or ask to merge into this one");
+  // The way to the destination is the caller's path, looked up once, as
+  // given; the destination itself is made and opened relative to its
+  // parent and never through a symlink, so that nobody who can write the
+  // parent (an agent, in its workspace) can turn the export elsewhere.
+  std::string path = host_dir;
+  while (path.size() > 1 && path.back() == '/') path.pop_back();
+  std::string parent_path = ".", name = path;
+  if (auto slash = path.rfind('/'); slash != std::string::npos) {
+    parent_path = slash == 0 ? "/" : path.substr(0, slash);
+    name = path.substr(slash + 1);
+  }
+  Fd parent;
+  Fd root;
+  bool created = false;
+  if (name.empty() || name == "." || name == ".." || path == "/") {
+    auto top = OpenHostTop(path);  // nothing to make: it exists
+    if (!top) return Unexpected(top.error());
+    root = std::move(*top);
+  } else {
+    parent = Fd(open(parent_path.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+    if (!parent.valid()) return HostErrno("open directory", parent_path);
+    created = mkdirat(parent.get(), name.c_str(), S_IRWXU) == 0;
+    if (!created && errno != EEXIST) return HostErrno("mkdir", host_dir);
+    auto opened = OpenDirNoFollow(parent.get(), name, host_dir);
+    if (!opened) return Unexpected(opened.error());
+    root = std::move(*opened);
+  }
+  struct stat top;
+  if (fstat(root.get(), &top) != 0) return HostErrno("stat", host_dir);
+  if (created && top.st_uid != geteuid()) {
+    return Fail(EBUSY, host_dir +
+                           ": was replaced while the export made it; nothing "
+                           "was written; export again");
+  }
+
+  auto copy = [&]() -> vfs::Status {
+    if (!options.into_non_empty) {
+      auto entries = ListHostDir(root.get(), host_dir);
+      if (!entries) return Unexpected(entries.error());
+      if (!entries->empty()) {
+        return Fail(EEXIST, host_dir +
+                                ": is not empty; export into a new or empty "
+                                "directory, or ask to merge into this one");
+      }
+    }
+    if (auto s = MakeHostDirWritable(root.get(), host_dir); !s) return s;
+    const mode_t umask = CurrentUmask();
+    Exporter exporter(backend, caller, umask);
+    if (auto s = exporter.CopyDir(src, root.get(), host_dir); !s) return s;
+    // A directory merged into keeps its own mode; a new or empty one gets
+    // the store's.
+    mode_t mode = options.into_non_empty && !created
+                      ? top.st_mode & 07777
+                      : attr->st_mode & kCopiedModeBits & ~umask;
+    if (fchmod(root.get(), mode) != 0) return HostErrno("chmod", host_dir);
+    timespec times[2] = {OmitTime(), attr->st_mtim};
+    if (futimens(root.get(), times) != 0) {
+      return HostErrno("set mtime of", host_dir);
+    }
+    return {};
+  };
+  auto result = copy();
+  if (!result && created) {
+    // Leave no half-written copy behind: empty the directory this call
+    // made, through its descriptor, and remove it if its name still leads
+    // to it.
+    int fd = dup(root.get());
+    if (fd >= 0) vfs::RemoveTreeAt(fd);
+    struct stat now;
+    if (fstatat(parent.get(), name.c_str(), &now, AT_SYMLINK_NOFOLLOW) == 0 &&
+        now.st_dev == top.st_dev && now.st_ino == top.st_ino) {
+      unlinkat(parent.get(), name.c_str(), AT_REMOVEDIR);
     }
   }
-  if (auto s = MakeHostDirWritable(root.get(), host_dir); !s) return s;
-  const mode_t umask = CurrentUmask();
-  Exporter exporter(backend, caller, umask);
-  if (auto s = exporter.CopyDir(src, root.get(), host_dir); !s) return s;
-  timespec times[2] = {OmitTime(), attr->st_mtim};
-  if (fchmod(root.get(), attr->st_mode & kCopiedModeBits & ~umask) != 0) {
-    return HostErrno("chmod", host_dir);
-  }
-  if (futimens(root.get(), times) != 0) {
-    return HostErrno("set mtime of", host_dir);
-  }
-  return {};
+  return result;
 }
 
 vfs::Result<std::vector<SkillInfo>> ImportSkills(vfs::Backend& backend,

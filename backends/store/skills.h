@@ -29,8 +29,12 @@
 // store cannot hold any). File data moves in pieces of at most
 // kCopyPieceBytes; no file is ever held whole in memory. On the host side
 // every entry is opened relative to its parent directory's fd without
-// following symlinks, so nothing outside the named tree is read or written;
-// only the top directory given by the caller is looked up normally.
+// following symlinks, so nothing outside the named tree is read or written.
+// The way to the top directory the caller names is looked up as given, but
+// the top itself is never a symlink (ELOOP, naming it): one planted where
+// an agent can write would turn an import or export run as root elsewhere.
+// A copy into the store that fails part-way commits nothing of the file it
+// was writing (FileHandle::Discard), though files copied before it stay.
 //
 // Errors: EINVAL for a skill or tree that breaks the rules (the message
 // names the file and the field, and lists every problem found, separated by
@@ -141,9 +145,12 @@ struct ExportOptions {
 };
 
 // Copies the directory `src` of `backend` to the host directory `host_dir`,
-// which is created when missing (its parent must exist). `host_dir` and
-// everything in it get the store's modes less the process's umask (as tar
-// does for a user who is not root) and mtimes. ENOTDIR when `src` is not a
+// which is created when missing (its parent must exist), relative to its
+// parent's descriptor; an export that fails removes the directory it made,
+// through that descriptor (never by path). `host_dir` and everything in it
+// get the store's modes less the process's umask (as tar does for a user
+// who is not root) and mtimes, except that a host directory merged into
+// keeps its own mode. ENOTDIR when `src` is not a
 // directory; EEXIST (see
 // ExportOptions) or, when merging, for a host directory where `src` has a
 // non-directory.

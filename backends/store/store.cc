@@ -1098,6 +1098,7 @@ class StoreFile final : public vfs::FileHandle {
 
   Result<size_t> Write(const void* buf, size_t size, off_t offset) override {
     if (!can_write_) return Fail(EBADF, "file not open for writing");
+    if (discarded_) return Fail(EBADF, "this handle's writes were discarded");
     std::lock_guard lock(node_->mu);
     TRY(EnsureLeaseLocked());
     if (flags_ & O_APPEND) offset = node_->draft->Size();
@@ -1135,6 +1136,7 @@ class StoreFile final : public vfs::FileHandle {
 
   Status Truncate(off_t size) override {
     if (!can_write_) return Fail(EINVAL, "file not open for writing");
+    if (discarded_) return Fail(EBADF, "this handle's writes were discarded");
     std::lock_guard lock(node_->mu);
     TRY(EnsureLeaseLocked());
     TRY(node_->draft->Truncate(size));
@@ -1187,6 +1189,23 @@ class StoreFile final : public vfs::FileHandle {
       if (result && !released) result = released;
     }
     return result;
+  }
+
+  // Drops the session's uncommitted changes to the file (the draft is the
+  // session's, shared by its handles of the file; it goes if no other handle
+  // writes), and a new file's pending first commit: it stays as it was
+  // created, empty. The handle writes nothing more.
+  void Discard() override {
+    if (!can_write_) return;
+    discarded_ = true;
+    std::lock_guard lock(node_->mu);
+    node_->dirty = false;
+    node_->created = false;
+    node_->last_write_ns = 0;
+    if (node_->writers == 1 && node_->draft) {
+      node_->draft.reset();
+      node_->has_draft = false;
+    }
   }
 
   Status Chmod(mode_t mode) override {
@@ -1313,6 +1332,7 @@ class StoreFile final : public vfs::FileHandle {
   std::shared_ptr<OpenNode> node_;
   int flags_;
   bool can_read_ = false, can_write_ = false;
+  bool discarded_ = false;  // Discard(): writes through it are refused
   bool holds_lease_;
   // What a read handle reads when its session has no draft.
   std::string content_;

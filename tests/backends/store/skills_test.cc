@@ -25,6 +25,7 @@
 #include "tests/support/files.h"
 #include "tests/support/mount_fixture.h"
 #include "tests/support/result_matchers.h"
+#include "tests/support/store_fixture.h"
 
 namespace agentvfs::store {
 namespace {
@@ -407,6 +408,7 @@ class RecordingBackend final : public vfs::Backend {
   size_t max_write = 0, max_read = 0, writes = 0, flushes = 0;
   size_t opens_for_write_without_trunc = 0;
   std::string fail_open;  // a path whose Open fails with EIO
+  size_t fail_write_after = SIZE_MAX;  // later Writes fail with EIO
 
   vfs::Result<vfs::Attr> Stat(const vfs::Caller& c,
                               const vfs::Path& p) override {
@@ -487,9 +489,12 @@ class RecordingBackend final : public vfs::Backend {
     vfs::Result<size_t> Write(const void* buf, size_t size,
                               off_t off) override {
       rec_.max_write = std::max(rec_.max_write, size);
+      if (rec_.writes >= rec_.fail_write_after)
+        return vfs::Fail(EIO, "injected write failure");
       ++rec_.writes;
       return inner_->Write(buf, size, off);
     }
+    void Discard() override { inner_->Discard(); }
     vfs::Result<vfs::Attr> Stat() override { return inner_->Stat(); }
     vfs::Status Truncate(off_t size) override { return inner_->Truncate(size); }
     vfs::Status Sync(bool datasync) override { return inner_->Sync(datasync); }
@@ -907,6 +912,76 @@ TEST_F(SkillsTest, ExportAppliesTheUmaskToTheStoresModes) {
   EXPECT_EQ(mode_of(out_.Sub("b/notes.md")), 0666u);
 }
 
+// The host directory a command names is never a symlink: one planted where
+// an agent can write (its workspace) would send an export run as root into
+// /etc, or an import into /root/.ssh.
+TEST_F(SkillsTest, NeitherExportNorImportFollowsASymlinkAsTheirHostDirectory) {
+  MakeSkill(host_.Sub("pdf"), Fields("pdf"));
+  ASSERT_OK(ImportTree(router_, caller_, host_.Sub("pdf"), P("/skills/pdf")));
+  TempDir elsewhere("agentvfs-skills-elsewhere");
+  ASSERT_EQ(symlink(elsewhere.path().c_str(), out_.Sub("link").c_str()), 0);
+  for (const char* dest : {"link", "link/"}) {
+    SCOPED_TRACE(dest);
+    auto refused =
+        ExportTree(router_, caller_, P("/skills/pdf"), out_.Sub(dest));
+    ASSERT_ERRNO(refused, ELOOP);
+    EXPECT_NE(refused.error().message.find("symlink"), std::string::npos);
+    ExportOptions merge;
+    merge.into_non_empty = true;
+    EXPECT_ERRNO(
+        ExportTree(router_, caller_, P("/skills/pdf"), out_.Sub(dest), merge),
+        ELOOP);
+  }
+  EXPECT_EQ(ListDir(elsewhere.path()), std::vector<std::string>{});
+
+  ASSERT_EQ(symlink(host_.Sub("pdf").c_str(), out_.Sub("skill").c_str()), 0);
+  EXPECT_ERRNO(ImportTree(router_, caller_, out_.Sub("skill"), P("/skills/x")),
+               ELOOP);
+  EXPECT_ERRNO(ImportSkills(router_, caller_, out_.Sub("skill")), ELOOP);
+  EXPECT_ERRNO(ValidateSkillFolder(out_.Sub("skill")), ELOOP);
+  EXPECT_ERRNO(router_.Stat(caller_, P("/skills/x")), ENOENT);
+  // The directory itself, named as it is, works.
+  EXPECT_OK(ImportTree(router_, caller_, host_.Sub("pdf"), P("/skills/x")));
+}
+
+// An export that fails removes the directory it made, and nothing else; a
+// directory that was there before stays.
+TEST_F(SkillsTest, AFailedExportRemovesOnlyTheDirectoryItMade) {
+  ASSERT_EQ(mkdir(store_.Sub("kit").c_str(), 0755), 0);
+  ASSERT_TRUE(WriteFile(store_.Sub("kit/a.md"), "a\n"));
+  ASSERT_TRUE(WriteFile(store_.Sub("kit/b.md"), "b\n"));
+  RecordingBackend failing(router_);
+  failing.fail_open = "/skills/kit/b.md";
+  EXPECT_ERRNO(ExportTree(failing, caller_, P("/skills/kit"), out_.Sub("new")),
+               EIO);
+  EXPECT_EQ(ListDir(out_.path()), std::vector<std::string>{});
+  ASSERT_EQ(mkdir(out_.Sub("old").c_str(), 0755), 0);
+  EXPECT_ERRNO(ExportTree(failing, caller_, P("/skills/kit"), out_.Sub("old")),
+               EIO);
+  EXPECT_EQ(ListDir(out_.path()), std::vector<std::string>{"old"});
+}
+
+// Merging into host directories leaves their modes as they were: a 0700
+// home or ~/.ssh is not opened up to the store's 0755.
+TEST_F(SkillsTest, AMergeKeepsTheModesOfTheHostDirectories) {
+  ASSERT_EQ(mkdir(store_.Sub("kit").c_str(), 0755), 0);
+  ASSERT_EQ(mkdir(store_.Sub("kit/sub").c_str(), 0755), 0);
+  ASSERT_TRUE(WriteFile(store_.Sub("kit/sub/a.md"), "a\n"));
+  ASSERT_EQ(mkdir(out_.Sub("sub").c_str(), 0700), 0);
+  ASSERT_TRUE(WriteFile(out_.Sub("mine.md"), "mine\n"));
+  ASSERT_EQ(chmod(out_.path().c_str(), 0710), 0);
+  ASSERT_EQ(chmod(out_.Sub("sub").c_str(), 0700), 0);
+  ExportOptions merge;
+  merge.into_non_empty = true;
+  ASSERT_OK(ExportTree(router_, caller_, P("/skills/kit"), out_.path(), merge));
+  struct stat st;
+  ASSERT_EQ(stat(out_.path().c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 07777, 0710u);
+  ASSERT_EQ(stat(out_.Sub("sub").c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 07777, 0700u);
+  EXPECT_EQ(ReadFile(out_.Sub("sub/a.md")), "a\n");
+}
+
 TEST_F(SkillsTest, ExportOfAFileIsENOTDIR) {
   ASSERT_TRUE(WriteFile(store_.Sub("file"), "x"));
   EXPECT_ERRNO(ExportTree(router_, caller_, P("/skills/file"), out_.Sub("f")),
@@ -927,6 +1002,37 @@ TEST_F(SkillsTest, ReadInPiecesDeliversTheWholeFile) {
                          }));
   EXPECT_EQ(pieces, 3u);
   EXPECT_TRUE(got == data);
+}
+
+// A copy into the store that fails part-way commits nothing of the file
+// it was writing: the file keeps the version it had, never a truncated one.
+TEST(SkillsStoreTest, AnImportThatFailsPartWayLeavesTheFileAsItWas) {
+  ASSERT_OK_AND_ASSIGN(auto fx, testing::StoreFixture::Create({"alice"}));
+  auto backend = fx->OpenBackend();
+  ASSERT_NE(backend, nullptr);
+  const vfs::Caller admin = fx->CallerFor("admin");
+  TempDir host("agentvfs-skills-partial");
+  ASSERT_EQ(mkdir(host.Sub("kit").c_str(), 0755), 0);
+  const std::string first(3 * kCopyPieceBytes, 'x');
+  ASSERT_TRUE(WriteFile(host.Sub("kit/big.md"), first));
+  const vfs::Path big = *vfs::Path::Parse("/skills/kit/big.md");
+  ASSERT_OK(ImportTree(*backend, admin, host.Sub("kit"),
+                       *vfs::Path::Parse("/skills/kit")));
+
+  ASSERT_TRUE(
+      WriteFile(host.Sub("kit/big.md"), std::string(3 * kCopyPieceBytes, 'y')));
+  RecordingBackend failing(*backend);
+  failing.fail_write_after = 1;
+  EXPECT_ERRNO(ImportTree(failing, admin, host.Sub("kit"),
+                          *vfs::Path::Parse("/skills/kit")),
+               EIO);
+  ASSERT_OK_AND_ASSIGN(auto history, backend->History(admin, big));
+  EXPECT_EQ(history.size(), 1u);
+  ASSERT_OK_AND_ASSIGN(auto f, backend->Open(admin, big, O_RDONLY, 0));
+  std::string got(first.size() + 1, '\0');
+  ASSERT_OK_AND_ASSIGN(auto n, f->Read(got.data(), got.size(), 0));
+  got.resize(n);
+  EXPECT_TRUE(got == first) << "size " << got.size();
 }
 
 }  // namespace
