@@ -321,11 +321,19 @@ Value Decode(const PGresult* r, int row, int col) {
 // The libpq connection parameters: our defaults first, so that anything
 // the URI says wins (expand_dbname).
 ConnPtr Connect(const std::string& uri) {
-  const char* keys[] = {"connect_timeout", "application_name", "keepalives",
-                        "keepalives_idle", "keepalives_interval",
-                        "keepalives_count", "dbname", nullptr};
-  const char* values[] = {"10", "agentvfs", "1", "10", "5", "3", uri.c_str(),
-                          nullptr};
+  // tcp_user_timeout: data sent and not acknowledged for 30 s ends the
+  // connection (not the kernel's retransmissions for about 15 minutes).
+  const char* keys[] = {"connect_timeout",
+                        "application_name",
+                        "keepalives",
+                        "keepalives_idle",
+                        "keepalives_interval",
+                        "keepalives_count",
+                        "tcp_user_timeout",
+                        "dbname",
+                        nullptr};
+  const char* values[] = {"10", "agentvfs", "1",         "10",   "5",
+                          "3",  "30000",    uri.c_str(), nullptr};
   return ConnPtr(PQconnectdbParams(keys, values, 1));
 }
 
@@ -373,10 +381,22 @@ class Connection final : public Txn {
           }
         },
         this);
-    auto set = Run(
+    // The server ends a session of ours that idles inside a transaction
+    // (its client host died or was cut off without closing the socket) and
+    // probes idle ones, so that the write lock and snapshots such a session
+    // held go within about a minute, not at the kernel's keepalive of 2 h.
+    // Names pass as bytes whatever PGCLIENTENCODING or a role default says
+    // (a UTF8 database still checks them).
+    std::string setup =
         "SET client_min_messages = warning; SET synchronous_commit = on; "
         "SET lock_timeout = '30s'; SET bytea_output = hex; "
-        "SET standard_conforming_strings = on");
+        "SET standard_conforming_strings = on; "
+        "SET idle_in_transaction_session_timeout = '60s'; "
+        "SET tcp_keepalives_idle = 10; SET tcp_keepalives_interval = 5; "
+        "SET tcp_keepalives_count = 3; SET client_encoding = 'SQL_ASCII'";
+    if (PQserverVersion(conn_.get()) >= 140000)
+      setup += "; SET client_connection_check_interval = '10s'";
+    auto set = Run(setup);
     // A session without these settings must not be used: open it again.
     if (!set) conn_.reset();
     return set;

@@ -245,5 +245,57 @@ TEST(PostgresEngineTest, PasswordsNeverShow) {
       << bad.error().message;
 }
 
+// Each session of the engine carries what frees the store from a client
+// host that vanished inside a transaction (the write lock would otherwise be
+// held until the kernel's keepalive, 2 h), and passes names as bytes.
+TEST(PostgresEngineTest, SessionsEndTransactionsOfAVanishedClient) {
+  ASSERT_OK_AND_ASSIGN(
+      auto fx, StoreFixture::Create({"alice"}, {}, StoreEngine::kPostgres));
+  ASSERT_OK_AND_ASSIGN(auto engine, Engine::Open(fx->db(), false));
+  auto show = [](Txn& t, const char* what, std::string* out) -> vfs::Status {
+    auto rows = t.Query(std::string("SHOW ") + what);
+    if (!rows) return std::unexpected(rows.error());
+    *out = std::get<std::string>((*rows)[0][0]);
+    return {};
+  };
+  // (tcp_keepalives_* read 0 here: the test server is reached through a
+  // Unix socket, where they do not apply.)
+  const std::map<std::string, std::string> want = {
+      {"idle_in_transaction_session_timeout", "1min"},
+      {"client_encoding", "SQL_ASCII"},
+      {"client_connection_check_interval", "10s"}};
+  for (const auto& [what, value] : want) {
+    std::string in_write, in_read;
+    ASSERT_OK(engine->Write(Durability::kProcess, [&](Txn& t) {
+      return show(t, what.c_str(), &in_write);
+    }));
+    ASSERT_OK(
+        engine->Read([&](Txn& t) { return show(t, what.c_str(), &in_read); }));
+    EXPECT_EQ(in_write, value) << what;
+    EXPECT_EQ(in_read, value) << what;
+  }
+}
+
+// A client whose environment asks for UTF8 (PGCLIENTENCODING) still stores
+// and lists a name that is not UTF-8, byte for byte, in a SQL_ASCII store.
+TEST(PostgresEngineTest, NameBytesPassWhateverTheClientEncoding) {
+  ASSERT_OK_AND_ASSIGN(
+      auto fx, StoreFixture::Create({"alice"}, {}, StoreEngine::kPostgres));
+  setenv("PGCLIENTENCODING", "UTF8", 1);
+  struct Unset {
+    ~Unset() { unsetenv("PGCLIENTENCODING"); }
+  } unset;
+  auto backend = fx->OpenBackend();
+  ASSERT_NE(backend, nullptr);
+  auto alice = fx->CallerFor("alice");
+  const std::string name = "caf\xe9.md";  // Latin-1, not UTF-8
+  ASSERT_OK(CommitFile(*backend, alice, "/memories/users/alice/" + name, "x"));
+  ASSERT_OK_AND_ASSIGN(auto entries,
+                       backend->ReadDir(alice, P("/memories/users/alice")));
+  bool found = false;
+  for (const auto& e : entries) found = found || e.name == name;
+  EXPECT_TRUE(found);
+}
+
 }  // namespace
 }  // namespace agentvfs::store
