@@ -2418,7 +2418,16 @@ Result<PurgeReport> StoreBackend::Purge(const Caller& c, const Path& path,
     }
     return {};
   }));
-  TRY(engine_->Compact());
+  if (auto compacted = engine_->Compact(); !compacted) {
+    vfs::Error e = compacted.error();
+    if (e.message.find("is committed") == std::string::npos) {
+      e.message =
+          "the purge is committed (nothing purged can be read any "
+          "more), but compacting the store failed: " +
+          e.message;
+    }
+    return std::unexpected(e);
+  }
   return report;
 }
 

@@ -4,6 +4,7 @@
 // an unreachable server, and no password in what is shown.
 #include <fcntl.h>
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <chrono>
@@ -23,6 +24,7 @@
 namespace agentvfs::store {
 namespace {
 
+using testing::PgQuery;
 using testing::StoreEngine;
 using testing::StoreFixture;
 
@@ -295,6 +297,52 @@ TEST(PostgresEngineTest, NameBytesPassWhateverTheClientEncoding) {
   bool found = false;
   for (const auto& e : entries) found = found || e.name == name;
   EXPECT_TRUE(found);
+}
+
+// A purge run by a role that may use the store but does not own its
+// tables: PostgreSQL skips their VACUUM with a mere warning. The purge is
+// committed, and it says so, and that the bytes may still be on disk,
+// instead of reporting them erased.
+TEST(PostgresEngineTest, APurgeThatCouldNotCompactSaysSo) {
+  ASSERT_OK_AND_ASSIGN(
+      auto fx, StoreFixture::Create({"alice"}, {}, StoreEngine::kPostgres));
+  auto owner = fx->OpenBackend();
+  ASSERT_NE(owner, nullptr);
+  auto admin = fx->CallerFor("admin");
+  const std::string path = "/memories/users/admin/secret.md";
+  ASSERT_OK(CommitFile(*owner, admin, path, "erase me\n"));
+  const std::string role = "avfs_not_owner_" + std::to_string(getpid());
+  for (const std::string& sql :
+       {"CREATE ROLE " + role + " LOGIN",
+        "GRANT USAGE ON SCHEMA public TO " + role,
+        "GRANT ALL ON ALL TABLES IN SCHEMA public TO " + role,
+        "GRANT ALL ON ALL SEQUENCES IN SCHEMA public TO " + role}) {
+    ASSERT_OK(PgQuery(fx->db(), sql));
+  }
+  struct DropRole {
+    std::string uri, role;
+    ~DropRole() {
+      (void)PgQuery(uri, "DROP OWNED BY " + role);
+      (void)PgQuery(uri, "DROP ROLE " + role);
+    }
+  } drop{fx->db(), role};
+  std::string uri = fx->db();
+  auto at = uri.find("user=postgres");
+  ASSERT_NE(at, std::string::npos) << uri;
+  uri.replace(at, 13, "user=" + role);
+  {
+    ASSERT_OK_AND_ASSIGN(auto other, StoreBackend::Open(uri));
+    auto purged = other->Purge(admin, P(path), false);
+    ASSERT_ERRNO(purged, EACCES);
+    EXPECT_NE(purged.error().message.find("is committed"), std::string::npos)
+        << purged.error().message;
+    EXPECT_NE(purged.error().message.find("may still be"), std::string::npos)
+        << purged.error().message;
+  }
+  EXPECT_ERRNO(owner->History(admin, P(path)), ENOENT);
+  // The owner's purge compacts.
+  ASSERT_OK(CommitFile(*owner, admin, path, "erase me too\n"));
+  ASSERT_OK(owner->Purge(admin, P(path), false));
 }
 
 }  // namespace
