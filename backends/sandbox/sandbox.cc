@@ -879,14 +879,16 @@ vfs::Result<std::unique_ptr<Sandbox>> Sandbox::Create(SandboxOptions options) {
   if (sb->drop_) {
     // The sandbox's host uid must reach what bwrap binds: the session
     // directory becomes its own, with a link to (or copy of) the init.
+    // The init is put in while the directory is still root's alone.
     std::string init = sb->dir_ + "/init";
-    bool ok = chown(sb->dir_.c_str(), sb->host_uid_, sb->host_gid_) == 0;
-    if (ok && link(sb->init_path_.c_str(), init.c_str()) != 0) {
+    bool ok = true;
+    if (link(sb->init_path_.c_str(), init.c_str()) != 0) {
       std::ifstream in(sb->init_path_, std::ios::binary);
       std::ofstream out(init, std::ios::binary);
       out << in.rdbuf();
       ok = static_cast<bool>(out) && chmod(init.c_str(), 0755) == 0;
     }
+    ok = ok && chown(sb->dir_.c_str(), sb->host_uid_, sb->host_gid_) == 0;
     if (!ok) {
       int err = errno;
       RemoveTree(sb->dir_);
@@ -1209,7 +1211,8 @@ vfs::Status Sandbox::EnsureRunning(bool* fresh) {
   std::string mem_procs =
       inst->memory_cgroup.empty() ? "" : inst->memory_cgroup + "/cgroup.procs";
   int log_fd =
-      open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+      open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW | O_CLOEXEC,
+           0600);
   int null_fd = open("/dev/null", O_RDWR | O_CLOEXEC);
   int seccomp_fd = SeccompFd();
   if (seccomp_fd < 0) {
