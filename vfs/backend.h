@@ -103,7 +103,9 @@ class FileHandle {
   // For a writer that failed part-way: what it wrote through this handle
   // and did not commit is dropped, so that no later Flush() or release
   // commits it. A backend whose writes land at once (a host directory)
-  // keeps them.
+  // keeps them. The store keeps them too while another handle of the same
+  // session writes the file (they share one draft): that handle's commit
+  // takes them.
   virtual void Discard() {}
   // False when Flush() does nothing, so frontends may skip calling it (the
   // FUSE frontend then spares close(2) a round trip to the daemon).

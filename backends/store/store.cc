@@ -565,17 +565,18 @@ class StoreBackend::Impl {
   // Ends the session's lease of `ino`, unless an open of the session took
   // it in a transaction of its own and has not registered as a holder yet
   // (MarkOpening): that open holds the lease from now on.
+  // The lease is no longer renewed from here on, even if this transaction
+  // fails (its row then runs out on its own).
   Status DropLease(Txn& txn, const Caller& c, int64_t ino) {
     {
       std::lock_guard lock(held_mu_);
       auto it = held_.find({c.session, ino});
       if (it != held_.end() && it->second > 0) return {};
+      if (it != held_.end()) held_.erase(it);
     }
     auto ok = txn.Exec("DELETE FROM leases WHERE ino = ? AND session = ?",
                        {ino, c.session});
     if (!ok) return std::unexpected(ok.error());
-    std::lock_guard lock(held_mu_);
-    held_.erase({c.session, ino});
     return {};
   }
 
@@ -2262,6 +2263,14 @@ Result<VersionInfo> StoreBackend::Restore(const Caller& c, const Path& path,
       return {};
     }));
     TRY_ASSIGN(file, Open(c, path, O_WRONLY | O_CREAT | O_TRUNC, mode & 07777));
+    // A restore that fails part-way commits nothing.
+    struct DiscardUnlessDone {
+      vfs::FileHandle& h;
+      bool done = false;
+      ~DiscardUnlessDone() {
+        if (!done) h.Discard();
+      }
+    } discard{*file};
     std::string buf(kChunkSize, '\0');
     off_t off = 0;
     while (true) {
@@ -2272,6 +2281,7 @@ Result<VersionInfo> StoreBackend::Restore(const Caller& c, const Path& path,
       off += static_cast<off_t>(got);
     }
     TRY(file->Chmod(mode & 07777));
+    discard.done = true;
     TRY(file->Flush());
   }
   TRY_ASSIGN(history, History(c, path));
