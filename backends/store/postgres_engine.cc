@@ -492,9 +492,14 @@ class Connection final : public Txn {
 
   PGconn* raw() const { return conn_.get(); }
 
-  // While set, the server's notices (VACUUM VERBOSE's report) are appended
-  // to `*sink` instead of the log.
-  void CaptureNotices(std::string* sink) { notices_ = sink; }
+  // Run, with the server's notices (VACUUM VERBOSE's report, warnings)
+  // collected in `notices` instead of logged.
+  vfs::Status RunCapturing(std::string_view sql, std::string* notices) {
+    notices_ = notices;
+    auto ok = Run(sql);
+    notices_ = nullptr;
+    return ok;
+  }
 
  private:
   // Collects the results of SendAndForget.
@@ -708,9 +713,8 @@ class PostgresEngine final : public Engine {
     auto before = files();
     if (!before) return std::unexpected(before.error());
     std::string first;
-    writer_.CaptureNotices(&first);
-    auto vacuumed = writer_.Run("VACUUM FULL chunks, contents, versions");
-    writer_.CaptureNotices(nullptr);
+    auto vacuumed =
+        writer_.RunCapturing("VACUUM FULL chunks, contents, versions", &first);
     if (!vacuumed) return vacuumed;
     if (auto ok = skipped(first); !ok) return ok;
     bool clean = false;
@@ -729,9 +733,8 @@ class PostgresEngine final : public Engine {
         std::this_thread::sleep_for(std::chrono::milliseconds(100));
       }
       std::string notices;
-      writer_.CaptureNotices(&notices);
-      auto ok = writer_.Run("VACUUM (FULL, VERBOSE) inline_bytes, blobs");
-      writer_.CaptureNotices(nullptr);
+      auto ok = writer_.RunCapturing(
+          "VACUUM (FULL, VERBOSE) inline_bytes, blobs", &notices);
       if (!ok) return ok;
       if (auto none = skipped(notices); !none) return none;
       clean = !KeptDeadRows(notices);
