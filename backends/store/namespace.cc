@@ -189,7 +189,8 @@ std::string JoinPath(const std::vector<std::string>& names, size_t n) {
 }
 
 vfs::Result<Walked> WalkWith(Txn& txn, const std::string& path,
-                             bool follow_last, const CacheUse* cu) {
+                             bool follow_last, const CacheUse* cu,
+                             const SearchCheck* may_search) {
   std::vector<std::string> first;
   for (size_t i = 0; i < path.size();) {
     size_t j = path.find('/', i);
@@ -246,7 +247,9 @@ vfs::Result<Walked> WalkWith(Txn& txn, const std::string& path,
     if (!*root) return vfs::Fail(EIO, "the store has no root directory");
     stack.push_back(std::move(**root));
   }
-  auto walk_again = [&] { return WalkWith(txn, path, follow_last, nullptr); };
+  auto walk_again = [&] {
+    return WalkWith(txn, path, follow_last, nullptr, may_search);
+  };
   // No symlink followed and no "." or "..": stack and names are the plain
   // resolution of the path so far, which the cache may keep.
   bool plain = true;
@@ -282,6 +285,10 @@ vfs::Result<Walked> WalkWith(Txn& txn, const std::string& path,
       continue;
     }
     if (!dir.IsDir()) return vfs::Fail(ENOTDIR, "not a directory");
+    if (!plain && may_search != nullptr && names.size() > 0 &&
+        !(*may_search)(JoinPath(names, names.size()))) {
+      return vfs::Fail(ENOENT, "no such file or directory");
+    }
     vfs::Result<std::optional<Inode>> child;
     if (auto hit = lookups.find({dir.ino, comp}); hit != lookups.end()) {
       child = hit->second;
@@ -398,13 +405,15 @@ vfs::Result<int64_t> DirGeneration(Txn& txn) {
   return static_cast<int64_t>(std::strtoll(v.c_str(), nullptr, 10));
 }
 
-vfs::Result<Walked> Walk(Txn& txn, const std::string& path, bool follow_last) {
+vfs::Result<Walked> Walk(Txn& txn, const std::string& path, bool follow_last,
+                         const SearchCheck* may_search) {
   DirCache* cache = txn.dir_cache();
-  if (cache == nullptr) return WalkWith(txn, path, follow_last, nullptr);
+  if (cache == nullptr)
+    return WalkWith(txn, path, follow_last, nullptr, may_search);
   auto gen = DirGeneration(txn);
   if (!gen) return std::unexpected(gen.error());
   CacheUse cu{cache, *gen};
-  return WalkWith(txn, path, follow_last, &cu);
+  return WalkWith(txn, path, follow_last, &cu, may_search);
 }
 
 vfs::Result<Inode> CreateNode(Txn& txn, const Inode& parent,

@@ -6,6 +6,7 @@
 #include <sys/stat.h>
 
 #include <cstdint>
+#include <functional>
 #include <mutex>
 #include <optional>
 #include <string>
@@ -99,7 +100,17 @@ struct Walked {
 // directory. A missing last component is not an error (node is empty).
 // With the transaction's DirCache, a walk whose leading directories are
 // cached looks up only the last component.
-vfs::Result<Walked> Walk(Txn& txn, const std::string& path, bool follow_last);
+//
+// `may_search`, when given, is asked about each directory (by its path)
+// before a name is looked up in it once the walk has followed a symlink;
+// false fails the walk with ENOENT, as if the name were missing there. So a
+// link (or a chain of links) that passes through a directory the caller
+// may not see tells nothing of what that directory holds, as the kernel's
+// own walk through a mount does. Directories on the path as written are
+// not asked (the callers check the path itself).
+using SearchCheck = std::function<bool(const std::string& dir)>;
+vfs::Result<Walked> Walk(Txn& txn, const std::string& path, bool follow_last,
+                         const SearchCheck* may_search = nullptr);
 
 // Inserts a new inode and its entry `name` in `parent`; returns it.
 vfs::Result<Inode> CreateNode(Txn& txn, const Inode& parent,

@@ -1370,13 +1370,18 @@ void StoreBackend::SetChangeListener(vfs::ChangeListener* listener) {
 
 namespace {
 
-// Walk, for a caller: a walk that fails beyond a directory `policy` hides
-// (reached through a symlink) fails as a missing name there would, ENOENT,
-// so that ENOTDIR, ELOOP or EACCES never tell what that directory holds.
-// Only a failed walk pays for the search of that directory.
+// Walk, for a caller: no name is looked up, through a symlink, in a
+// directory `policy` hides (Walk's `may_search`), and a walk of the path
+// as written that fails beyond such a directory fails as a missing name
+// there would, ENOENT, so that ENOTDIR, ELOOP or EACCES never tell what
+// that directory holds. Only a failed walk pays for the search of that
+// directory.
 Result<Walked> WalkFor(Txn& txn, const Policy& policy, const std::string& path,
                        bool follow_last) {
-  auto w = Walk(txn, path, follow_last);
+  const SearchCheck may_search = [&policy](const std::string& dir) {
+    return policy.Visible(dir);
+  };
+  auto w = Walk(txn, path, follow_last, &may_search);
   if (w) return w;
   int code = w.error().code;
   if (code != ENOENT && code != ENOTDIR && code != ELOOP && code != EACCES)
@@ -1386,7 +1391,7 @@ Result<Walked> WalkFor(Txn& txn, const Policy& policy, const std::string& path,
     size_t j = path.find('/', i);
     if (j == std::string::npos) break;  // the last name: no directory below
     prefix = path.substr(0, j);
-    auto dir = Walk(txn, prefix, true);
+    auto dir = Walk(txn, prefix, true, &may_search);
     if (!dir || !dir->node) break;  // the failure is here, in sight
     if (!policy.Visible(dir->path))
       return Fail(ENOENT, "no such file or directory");

@@ -220,6 +220,58 @@ TEST_P(GrantEdgesTest, APathThroughAHiddenFolderFailsAsAMissingOne) {
                ENOTDIR);
 }
 
+// A link that leads to a name in a hidden folder (a chain of links, when
+// that name is a link too) answers as a link to a missing name does, even
+// when the chain comes back where the caller sees: the kernel's walk
+// through a mount would stop at the hidden folder.
+TEST_P(GrantEdgesTest, ALinkToANameInAHiddenFolderTellsNothingOfIt) {
+  ASSERT_OK(Put(alice_, "/memories/users/alice/file.md", "alice's\n"));
+  ASSERT_OK(backend_->Symlink(alice_, "loop", P("/memories/users/alice/loop")));
+  ASSERT_OK(backend_->Symlink(alice_, "/etc", P("/memories/users/alice/out")));
+  ASSERT_OK(backend_->Symlink(alice_, "/memories/users/bob",
+                              P("/memories/users/alice/back")));
+  ASSERT_OK(backend_->Mkdir(alice_, P("/memories/users/alice/dir"), 0755));
+  ASSERT_OK(Put(bob_, "/memories/users/bob/x", "bob's\n"));
+  auto errno_of = [](const auto& r) {
+    return r ? std::string("<ok>") : vfs::ErrnoName(r.error().code);
+  };
+  // What bob learns from paths through his link to alice's `name`.
+  auto answers = [&](const std::string& name) {
+    const std::string link = "/memories/users/bob/to-" + name;
+    EXPECT_OK(
+        backend_->Symlink(bob_, "/memories/users/alice/" + name, P(link)));
+    const std::string p = link + "/x";
+    std::vector<std::string> out;
+    out.push_back(errno_of(backend_->Stat(bob_, P(p))));
+    out.push_back(errno_of(backend_->ReadDir(bob_, P(link))));
+    out.push_back(errno_of(backend_->Open(bob_, P(link), O_RDONLY, 0)));
+    out.push_back(errno_of(backend_->Open(bob_, P(p), O_RDONLY, 0)));
+    out.push_back(
+        errno_of(backend_->Open(bob_, P(p), O_WRONLY | O_CREAT, 0644)));
+    out.push_back(errno_of(backend_->Mkdir(bob_, P(p), 0755)));
+    out.push_back(errno_of(backend_->Unlink(bob_, P(p))));
+    out.push_back(errno_of(backend_->Truncate(bob_, P(p), 0)));
+    out.push_back(errno_of(backend_->History(bob_, P(p))));
+    return out;
+  };
+  const auto missing = answers("missing");
+  for (const auto& e : missing) EXPECT_EQ(e, "ENOENT");
+  for (const char* name : {"file.md", "loop", "out", "back", "dir"})
+    EXPECT_EQ(answers(name), missing) << name;
+  // Chains through folders the caller sees resolve as before.
+  ASSERT_OK(backend_->Mkdir(alice_, P("/memories/teams/eng/shared"), 0755));
+  ASSERT_OK(backend_->Symlink(alice_, "shared", P("/memories/teams/eng/link")));
+  ASSERT_OK(backend_->Symlink(bob_, "/memories/teams/eng/link",
+                              P("/memories/users/bob/to-team")));
+  EXPECT_OK(backend_->Mkdir(bob_, P("/memories/users/bob/to-team/sub"), 0755));
+  EXPECT_OK(backend_->Stat(alice_, P("/memories/teams/eng/shared/sub")));
+  ASSERT_OK(backend_->Symlink(alice_, "/memories/users/alice/dir",
+                              P("/memories/users/alice/to-dir")));
+  EXPECT_OK(
+      backend_->Mkdir(alice_, P("/memories/users/alice/to-dir/sub"), 0755));
+  EXPECT_OK(backend_->Stat(alice_, P("/memories/users/alice/dir/sub")));
+}
+
 // Restore makes the missing directories above a deleted file only where
 // the restorer may create them.
 TEST_P(GrantEdgesTest, RestoreMakesNoDirectoryTheCallerCouldNotMake) {
