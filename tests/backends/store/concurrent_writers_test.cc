@@ -516,8 +516,28 @@ INSTANTIATE_TEST_SUITE_P(Engines, ConcurrentWritersTest,
 
 // --- two sessions of one process ---------------------------------------------
 
+// Users a and b, both of team t, in a store of the engine under test.
 class StoreConflictsInOneProcess
-    : public ::testing::TestWithParam<testing::StoreEngine> {};
+    : public ::testing::TestWithParam<testing::StoreEngine> {
+ protected:
+  void SetUp() override {
+    auto f = testing::StoreFixture::Create(
+        {"a", "b"}, {{"a", {"t"}}, {"b", {"t"}}}, GetParam());
+    ASSERT_TRUE(f.has_value()) << f.error().ToString();
+    fx_ = std::move(*f);
+  }
+
+  // Leases of 600 ms, renewed every 20 ms: a lease nobody renews is gone
+  // within two lease lengths.
+  static StoreOptions QuickLeases() {
+    StoreOptions quick;
+    quick.lease_ttl = std::chrono::milliseconds(600);
+    quick.poll_interval = std::chrono::milliseconds(20);
+    return quick;
+  }
+
+  std::unique_ptr<testing::StoreFixture> fx_;
+};
 INSTANTIATE_TEST_SUITE_P(Engines, StoreConflictsInOneProcess,
                          ::testing::ValuesIn(testing::kAllEngines),
                          [](const auto& info) {
@@ -525,13 +545,10 @@ INSTANTIATE_TEST_SUITE_P(Engines, StoreConflictsInOneProcess,
                          });
 
 TEST_P(StoreConflictsInOneProcess, LeaseStaleWriterAndExclusiveCreate) {
-  ASSERT_OK_AND_ASSIGN(auto fx, testing::StoreFixture::Create(
-                                    {"a", "b"}, {{"a", {"t"}}, {"b", {"t"}}},
-                                    GetParam()));
-  auto backend = fx->OpenBackend();
+  auto backend = fx_->OpenBackend();
   ASSERT_NE(backend, nullptr);
-  vfs::Caller a = fx->CallerFor("a");
-  vfs::Caller b = fx->CallerFor("b");
+  vfs::Caller a = fx_->CallerFor("a");
+  vfs::Caller b = fx_->CallerFor("b");
   const std::string path = "/memories/teams/t/plan.md";
   auto write = [&](const vfs::Caller& c, int flags, const std::string& data) {
     auto file = backend->Open(c, P(path), flags, 0644);
@@ -643,17 +660,14 @@ TEST_P(StoreConflictsInOneProcess, LeaseStaleWriterAndExclusiveCreate) {
 // release must not commit the draft later anyway (a writer that redoes its
 // append, as it was told, would get it in twice).
 TEST_P(StoreConflictsInOneProcess, RejectedFlushCommitsNothingAtRelease) {
-  ASSERT_OK_AND_ASSIGN(auto fx, testing::StoreFixture::Create(
-                                    {"a", "b"}, {{"a", {"t"}}, {"b", {"t"}}},
-                                    GetParam()));
   StoreOptions unrenewed;  // A's lease runs out: it is never renewed
   unrenewed.lease_ttl = std::chrono::milliseconds(200);
   unrenewed.poll_interval = std::chrono::hours(1);
-  auto backend_a = fx->OpenBackend(unrenewed);
-  auto backend_b = fx->OpenBackend();
+  auto backend_a = fx_->OpenBackend(unrenewed);
+  auto backend_b = fx_->OpenBackend();
   ASSERT_TRUE(backend_a != nullptr && backend_b != nullptr);
-  vfs::Caller a = fx->CallerFor("a");
-  vfs::Caller b = fx->CallerFor("b");
+  vfs::Caller a = fx_->CallerFor("a");
+  vfs::Caller b = fx_->CallerFor("b");
   const std::string path = "/memories/teams/t/log.md";
   {
     ASSERT_OK_AND_ASSIGN(auto f,
@@ -691,13 +705,10 @@ namespace {
 // fsync(2) of any descriptor acknowledges what the session wrote: the draft
 // is shared by the session's handles, so a read-only one commits it too.
 TEST_P(StoreConflictsInOneProcess, FsyncOfAReadHandleCommitsTheSessionsWrites) {
-  ASSERT_OK_AND_ASSIGN(
-      auto fx, testing::StoreFixture::Create(
-                   {"a", "b"}, {{"a", {"t"}}, {"b", {"t"}}}, GetParam()));
-  auto backend = fx->OpenBackend();
+  auto backend = fx_->OpenBackend();
   ASSERT_NE(backend, nullptr);
-  vfs::Caller a = fx->CallerFor("a");
-  vfs::Caller b = fx->CallerFor("b");
+  vfs::Caller a = fx_->CallerFor("a");
+  vfs::Caller b = fx_->CallerFor("b");
   const std::string path = "/memories/teams/t/synced.md";
   ASSERT_OK_AND_ASSIGN(auto w,
                        backend->Open(a, P(path), O_WRONLY | O_CREAT, 0644));
@@ -716,13 +727,10 @@ TEST_P(StoreConflictsInOneProcess, FsyncOfAReadHandleCommitsTheSessionsWrites) {
 // nor by a rename onto it. Reading it again clears that.
 TEST_P(StoreConflictsInOneProcess,
        AReplacedFileIsNotOverwrittenByAStaleReader) {
-  ASSERT_OK_AND_ASSIGN(
-      auto fx, testing::StoreFixture::Create(
-                   {"a", "b"}, {{"a", {"t"}}, {"b", {"t"}}}, GetParam()));
-  auto backend = fx->OpenBackend();
+  auto backend = fx_->OpenBackend();
   ASSERT_NE(backend, nullptr);
-  vfs::Caller a = fx->CallerFor("a");
-  vfs::Caller b = fx->CallerFor("b");
+  vfs::Caller a = fx_->CallerFor("a");
+  vfs::Caller b = fx_->CallerFor("b");
   const std::string dir = "/memories/teams/t/";
   auto write = [&](const vfs::Caller& who, const std::string& name,
                    const std::string& data) -> vfs::Status {
@@ -762,13 +770,10 @@ TEST_P(StoreConflictsInOneProcess,
 // RENAME_EXCHANGE gives each name the other file, like a rename onto it:
 // not while another session holds either file open for writing.
 TEST_P(StoreConflictsInOneProcess, AnExchangeRespectsTheLeasesOfBothFiles) {
-  ASSERT_OK_AND_ASSIGN(
-      auto fx, testing::StoreFixture::Create(
-                   {"a", "b"}, {{"a", {"t"}}, {"b", {"t"}}}, GetParam()));
-  auto backend = fx->OpenBackend();
+  auto backend = fx_->OpenBackend();
   ASSERT_NE(backend, nullptr);
-  vfs::Caller a = fx->CallerFor("a");
-  vfs::Caller b = fx->CallerFor("b");
+  vfs::Caller a = fx_->CallerFor("a");
+  vfs::Caller b = fx_->CallerFor("b");
   const std::string x = "/memories/teams/t/x", y = "/memories/teams/t/y";
   for (const auto& path : {x, y}) {
     ASSERT_OK_AND_ASSIGN(auto f,
@@ -790,13 +795,10 @@ TEST_P(StoreConflictsInOneProcess, AnExchangeRespectsTheLeasesOfBothFiles) {
 // later), or another session writes while this one holds the file open.
 TEST_P(StoreConflictsInOneProcess,
        AHandleClosingWhileAnotherOfItsSessionOpensKeepsTheLease) {
-  ASSERT_OK_AND_ASSIGN(
-      auto fx, testing::StoreFixture::Create(
-                   {"a", "b"}, {{"a", {"t"}}, {"b", {"t"}}}, GetParam()));
-  auto backend = fx->OpenBackend();
+  auto backend = fx_->OpenBackend();
   ASSERT_NE(backend, nullptr);
-  vfs::Caller a = fx->CallerFor("a");
-  vfs::Caller b = fx->CallerFor("b");
+  vfs::Caller a = fx_->CallerFor("a");
+  vfs::Caller b = fx_->CallerFor("b");
   const std::string path = "/memories/teams/t/shared.md";
   {
     ASSERT_OK_AND_ASSIGN(auto f,
@@ -865,16 +867,10 @@ TEST_P(StoreConflictsInOneProcess,
 // failed; here copied in by hand) runs out on its own, even after a
 // session opened a file twice for writing.
 TEST_P(StoreConflictsInOneProcess, ALeaseNoHandleHoldsIsNotRenewed) {
-  ASSERT_OK_AND_ASSIGN(
-      auto fx, testing::StoreFixture::Create(
-                   {"a", "b"}, {{"a", {"t"}}, {"b", {"t"}}}, GetParam()));
-  StoreOptions quick;
-  quick.lease_ttl = std::chrono::milliseconds(600);
-  quick.poll_interval = std::chrono::milliseconds(20);
-  auto backend = fx->OpenBackend(quick);
+  auto backend = fx_->OpenBackend(QuickLeases());
   ASSERT_NE(backend, nullptr);
-  vfs::Caller a = fx->CallerFor("a");
-  vfs::Caller b = fx->CallerFor("b");
+  vfs::Caller a = fx_->CallerFor("a");
+  vfs::Caller b = fx_->CallerFor("b");
   const std::string held = "/memories/teams/t/held.md";
   const std::string orphan = "/memories/teams/t/orphan.md";
   for (const auto& path : {held, orphan}) {
@@ -882,7 +878,7 @@ TEST_P(StoreConflictsInOneProcess, ALeaseNoHandleHoldsIsNotRenewed) {
                          backend->Open(b, P(path), O_WRONLY | O_CREAT, 0644));
     ASSERT_OK(f->Flush());
   }
-  ASSERT_OK_AND_ASSIGN(auto engine, Engine::Open(fx->db(), false));
+  ASSERT_OK_AND_ASSIGN(auto engine, Engine::Open(fx_->db(), false));
   auto copy_lease = [&] {
     return engine->Write(Durability::kProcess, [&](Txn& t) -> vfs::Status {
       auto r = t.Exec(
@@ -910,17 +906,62 @@ TEST_P(StoreConflictsInOneProcess, ALeaseNoHandleHoldsIsNotRenewed) {
   EXPECT_OK(backend->Open(b, P(orphan), O_WRONLY, 0));
 }
 
+// A release whose transaction fails leaves the lease's row behind; the
+// process no longer renews it, so it runs out instead of blocking the file
+// for as long as the process lives.
+TEST_P(StoreConflictsInOneProcess, ALeaseWhoseReleaseFailedRunsOut) {
+  auto backend = fx_->OpenBackend(QuickLeases());
+  ASSERT_NE(backend, nullptr);
+  vfs::Caller a = fx_->CallerFor("a");
+  vfs::Caller b = fx_->CallerFor("b");
+  const std::string path = "/memories/teams/t/held.md";
+  {
+    ASSERT_OK_AND_ASSIGN(auto f,
+                         backend->Open(b, P(path), O_WRONLY | O_CREAT, 0644));
+    ASSERT_OK(f->Flush());
+  }
+  ASSERT_OK_AND_ASSIGN(auto engine, Engine::Open(fx_->db(), false));
+  const bool pg = GetParam() == testing::StoreEngine::kPostgres;
+  auto exec = [&](const std::string& sql) {
+    return engine->Write(Durability::kProcess, [&](Txn& t) -> vfs::Status {
+      auto r = t.Exec(sql);
+      if (!r) return std::unexpected(r.error());
+      return {};
+    });
+  };
+  // Every DELETE of a lease fails while the trigger is there.
+  if (pg) {
+    ASSERT_OK(exec(
+        "CREATE FUNCTION keep_leases() RETURNS trigger LANGUAGE plpgsql AS "
+        "$$ BEGIN RAISE EXCEPTION 'leases are kept'; END $$"));
+    ASSERT_OK(
+        exec("CREATE TRIGGER keep_leases BEFORE DELETE ON leases FOR "
+             "EACH ROW EXECUTE FUNCTION keep_leases()"));
+  } else {
+    ASSERT_OK(
+        exec("CREATE TRIGGER keep_leases BEFORE DELETE ON leases "
+             "BEGIN SELECT RAISE(ABORT, 'leases are kept'); END"));
+  }
+  {
+    ASSERT_OK_AND_ASSIGN(auto f, backend->Open(a, P(path), O_WRONLY, 0));
+    EXPECT_FALSE(f->Flush().has_value()) << "the release should have failed";
+  }
+  ASSERT_OK(
+      exec("DROP TRIGGER keep_leases" + std::string(pg ? " ON leases" : "")));
+  EXPECT_ERRNO(backend->Open(b, P(path), O_WRONLY, 0), EBUSY);
+  // Two lease lengths: long enough for the row to run out unless renewed.
+  std::this_thread::sleep_for(std::chrono::milliseconds(1300));
+  EXPECT_OK(backend->Open(b, P(path), O_WRONLY, 0));
+}
+
 // Processes in another pid namespace on the same machine (containers on
 // one kernel) cannot be checked for life through this /proc: their lease
 // lasts until it expires, instead of counting as dead at once.
 TEST_P(StoreConflictsInOneProcess,
        ALeaseFromAnotherPidNamespaceHoldsUntilItExpires) {
-  ASSERT_OK_AND_ASSIGN(
-      auto fx, testing::StoreFixture::Create(
-                   {"a", "b"}, {{"a", {"t"}}, {"b", {"t"}}}, GetParam()));
-  auto backend = fx->OpenBackend();
+  auto backend = fx_->OpenBackend();
   ASSERT_NE(backend, nullptr);
-  vfs::Caller b = fx->CallerFor("b");
+  vfs::Caller b = fx_->CallerFor("b");
   const std::string path = "/memories/teams/t/contained.md";
   {
     ASSERT_OK_AND_ASSIGN(auto f,
@@ -937,7 +978,7 @@ TEST_P(StoreConflictsInOneProcess,
   // Same machine and boot; a pid this namespace does not have.
   const std::string host =
       line("/etc/machine-id") + ":" + line("/proc/sys/kernel/random/boot_id");
-  ASSERT_OK_AND_ASSIGN(auto engine, Engine::Open(fx->db(), false));
+  ASSERT_OK_AND_ASSIGN(auto engine, Engine::Open(fx_->db(), false));
   ASSERT_OK(engine->Write(Durability::kProcess, [&](Txn& t) -> vfs::Status {
     auto r = t.Exec(
         "INSERT INTO leases(ino, session, \"user\", host, pid, pid_start, "

@@ -21,6 +21,7 @@
 
 #include "backends/store/admin.h"
 #include "backends/store/auth.h"
+#include "backends/store/namespace.h"
 #include "backends/store/store.h"
 #include "tests/support/pg_server.h"
 #include "tests/support/result_matchers.h"
@@ -213,6 +214,35 @@ TEST_P(HistoryTest, RestoreCommitsAnOldVersionAsANewOne) {
   auto ops = fixture_->CallerFor("ops");
   EXPECT_ERRNO(backend_->Restore(ops, P(kFile), 1), ENOENT);
   EXPECT_ERRNO(backend_->History(ops, P(kFile)), ENOENT);
+}
+
+// A restore that fails part-way (here: the old version's second chunk is
+// unreadable) commits nothing: the file keeps its current content, and no
+// version is added.
+TEST_P(HistoryTest, ARestoreThatFailsPartWayLeavesTheFileAsItWas) {
+  std::string old(3 * kChunkSize, '\0');
+  for (size_t i = 0; i < old.size(); ++i)
+    old[i] = static_cast<char>('a' + (i * 7 + i / 4096) % 26);
+  ASSERT_OK(Put(dev_, kFile, old));
+  ASSERT_OK(Put(dev_, kFile, "current\n"));
+  ASSERT_OK(backend_->engine().Write(
+      Durability::kProcess, [&](Txn& t) -> vfs::Status {
+        auto n = t.Exec(
+            "DELETE FROM blobs WHERE id = (SELECT c.blob FROM chunks c, "
+            "versions v WHERE v.path = ? AND v.n = 1 AND c.content = "
+            "v.content AND c.seq = 1)",
+            {kFile});
+        if (!n) return std::unexpected(n.error());
+        if (*n != 1) return vfs::Fail(EIO, "no second chunk to remove");
+        return {};
+      }));
+  EXPECT_FALSE(backend_->Restore(dev_, P(kFile), 1).has_value());
+  EXPECT_EQ(Get(dev_, kFile), "current\n");
+  ASSERT_OK_AND_ASSIGN(auto h, backend_->History(dev_, P(kFile)));
+  EXPECT_EQ(h.size(), 2u);
+  // The store takes the next commit as usual.
+  ASSERT_OK(Put(dev_, kFile, "next\n"));
+  EXPECT_EQ(Get(dev_, kFile), "next\n");
 }
 
 TEST_P(HistoryTest, DeletedFilesStayRecoverable) {
