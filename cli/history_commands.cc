@@ -12,6 +12,7 @@
 #include <string_view>
 #include <vector>
 
+#include "backends/store/admin.h"
 #include "backends/store/skills.h"
 #include "backends/store/store.h"
 #include "cli/store_access.h"
@@ -239,6 +240,25 @@ void AddPurge(CLI::App& app, int* exit_code) {
   });
 }
 
+void AddCompact(CLI::App& app, int* exit_code) {
+  auto flags = std::make_shared<StoreFlags>();
+  auto* cmd = app.add_subcommand(
+      "compact",
+      "Rewrite the store's files so that purged content is gone from them "
+      "too (every purge does this; run it when a purge said its compaction "
+      "failed); needs admin on /");
+  AddStoreFlags(cmd, flags.get());
+  cmd->callback([flags, exit_code] {
+    *exit_code = RunAsUser(
+        "compact", *flags, "cli", [&](StoreSession& s) -> vfs::Status {
+          auto ok = store::CompactStore(s.backend->engine(), s.caller.user);
+          if (!ok) return ok;
+          std::cout << "compacted " << s.backend->engine().Describe() << "\n";
+          return {};
+        });
+  });
+}
+
 }  // namespace
 
 void AddHistoryCommands(CLI::App& app, int* exit_code) {
@@ -246,6 +266,7 @@ void AddHistoryCommands(CLI::App& app, int* exit_code) {
   AddCat(app, exit_code);
   AddRestore(app, exit_code);
   AddPurge(app, exit_code);
+  AddCompact(app, exit_code);
 }
 
 }  // namespace agentvfs::cli

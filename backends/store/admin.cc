@@ -360,4 +360,11 @@ vfs::Result<std::vector<GrantInfo>> ListGrants(Engine& e,
   return out;
 }
 
+vfs::Status CompactStore(Engine& e, const std::string& actor) {
+  TRY(e.Read([&](Txn& txn) -> vfs::Status {
+    return NeedLevel(txn, actor, "/", Level::kAdmin);
+  }));
+  return e.Compact();
+}
+
 }  // namespace agentvfs::store

@@ -71,6 +71,13 @@ vfs::Status Revoke(Engine& e, const std::string& actor,
 vfs::Result<std::vector<GrantInfo>> ListGrants(Engine& e,
                                                const std::string& actor);
 
+// Rewrites the store's files so that content erased by a purge is gone
+// from them too (Engine::Compact), as every purge does at its end. For a
+// purge whose compaction failed (another process kept reading, or the
+// PostgreSQL role does not own the tables): the purge is committed, and
+// this finishes it. Needs admin on "/".
+vfs::Status CompactStore(Engine& e, const std::string& actor);
+
 // Makes every directory of `path` (a store path) that is missing, owned by
 // root, mode 0755, inside `txn`. Used by the layout and by restore, which
 // passes `may_make`: it is asked about each missing directory (its path)

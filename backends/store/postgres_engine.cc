@@ -695,8 +695,8 @@ class PostgresEngine final : public Engine {
                        "PostgreSQL skipped tables of " + shown_ +
                            " that this role may not vacuum (" + Trim(notices) +
                            "), so erased content may still be in the "
-                           "database files; run the purge as the role that "
-                           "owns the store's tables");
+                           "database files; run `agentvfs compact` as the "
+                           "role that owns the store's tables");
     };
     // A rewrite gives each table a new file: one whose file is the same
     // afterwards was skipped, whatever language the server's warning was
@@ -752,9 +752,8 @@ class PostgresEngine final : public Engine {
       return vfs::Fail(EBUSY,
                        "other sessions of " + shown_ +
                            " kept transactions open, so erased content may "
-                           "still be in the database files; the purge itself "
-                           "is committed: run it again when the store is "
-                           "quieter");
+                           "still be in the database files; run `agentvfs "
+                           "compact` when the store is quieter");
     }
     if (auto ok = writer_.Run("CHECKPOINT"); !ok) {
       spdlog::warn("{}: CHECKPOINT after purge refused ({}); the server's "

@@ -2435,12 +2435,13 @@ Result<PurgeReport> StoreBackend::Purge(const Caller& c, const Path& path,
   }));
   if (auto compacted = engine_->Compact(); !compacted) {
     vfs::Error e = compacted.error();
-    if (e.message.find("is committed") == std::string::npos) {
-      e.message =
-          "the purge is committed (nothing purged can be read any "
-          "more), but compacting the store failed: " +
-          e.message;
-    }
+    e.message =
+        "the purge is committed (nothing purged can be read any more), but "
+        "compacting the store failed: " +
+        e.message +
+        (e.message.find("agentvfs compact") == std::string::npos
+             ? "; once that is fixed, run `agentvfs compact`"
+             : "");
     return std::unexpected(e);
   }
   return report;

@@ -3,6 +3,7 @@
 // keeps only its hash; users, teams and grants are an admin's business;
 // history / cat / restore / purge; skills import (validated), export and a
 // mount that serves the imported skill with its script runnable.
+#include <sqlite3.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -518,6 +519,48 @@ TEST_F(StoreCliTest, PurgeErasesVersionsAndTheirBytes) {
   ExpectRefused(dev, {"cat", file}, "");
   ExpectRefused(dev, {"history", file}, "");
   EXPECT_FALSE(Contains(AllFileBytes(store_dir_->path()), current));
+}
+
+// A purge whose compaction could not finish (another process kept a read
+// open, so the log could not be folded in) is committed and says so; once
+// the reader is gone, `compact` removes the bytes from the files.
+TEST_F(StoreCliTest, CompactFinishesAPurgeWhoseCompactionFailed) {
+  const std::string lead = Init();
+  const std::string dev = AddUser(lead, "dev");
+  const std::string file = "/memories/users/dev/secret.md";
+  const std::string secret = "leaked-password-" + RandomHex(32);
+  ASSERT_TRUE(ApiWrite("dev", file, secret));
+  ASSERT_TRUE(ApiWrite("dev", file, "rotated\n"));
+
+  sqlite3* reader = nullptr;
+  ASSERT_EQ(
+      sqlite3_open_v2(db_.c_str(), &reader, SQLITE_OPEN_READONLY, nullptr),
+      SQLITE_OK);
+  struct Closer {
+    sqlite3* db;
+    ~Closer() { sqlite3_close(db); }
+  } closer{reader};
+  ASSERT_EQ(sqlite3_exec(reader,
+                         "BEGIN; SELECT COUNT(*) FROM versions; "
+                         "SELECT COUNT(*) FROM inodes",
+                         nullptr, nullptr, nullptr),
+            SQLITE_OK);
+  CommandResult r = As(lead, {"purge", file, "--keep-current"});
+  EXPECT_NE(r.exit_status, 0);
+  EXPECT_TRUE(Contains(r.output, "the purge is committed")) << r.output;
+  EXPECT_TRUE(Contains(r.output, "agentvfs compact")) << r.output;
+  ExpectRefused(dev, {"cat", file, "--version", "1"}, "no version 1");
+  ASSERT_EQ(sqlite3_exec(reader, "COMMIT", nullptr, nullptr, nullptr),
+            SQLITE_OK);
+  sqlite3_close(reader);
+  closer.db = nullptr;
+
+  ExpectRefused(dev, {"compact"}, "admin");
+  std::string out = MustAs(lead, {"compact"});
+  EXPECT_TRUE(Contains(out, "compacted")) << out;
+  EXPECT_FALSE(Contains(AllFileBytes(store_dir_->path()), secret))
+      << "purged content is still in the store's files";
+  EXPECT_EQ(MustAs(dev, {"cat", file}), "rotated\n");
 }
 
 TEST_F(StoreCliTest, SkillsImportListAndExportRoundTrip) {
