@@ -824,12 +824,18 @@ vfs::Result<std::unique_ptr<Sandbox>> Sandbox::Create(SandboxOptions options) {
     return Fail(EPERM, "only root can run the sandbox under another uid");
   std::unique_ptr<Sandbox> sb(new Sandbox(std::move(options)));
   sb->launcher_ = std::make_unique<Launcher>();
-  uint16_t pick = 0;
-  if (getrandom(&pick, sizeof(pick), 0) != sizeof(pick)) pick = getpid();
+  if (root && (!sb->options_.host_uid || !sb->options_.host_gid)) {
+    // An id no other live session, account or process has (host_ids.h).
+    HostIdPool pool;
+    pool.base = kHostIdBase;
+    auto lease = ReserveHostId(pool);
+    if (!lease) return std::unexpected(lease.error());
+    sb->host_id_ = std::move(*lease);
+  }
   sb->host_uid_ =
-      sb->options_.host_uid.value_or(root ? kHostIdBase + pick : geteuid());
+      sb->options_.host_uid.value_or(root ? sb->host_id_.id() : geteuid());
   sb->host_gid_ =
-      sb->options_.host_gid.value_or(root ? kHostIdBase + pick : getegid());
+      sb->options_.host_gid.value_or(root ? sb->host_id_.id() : getegid());
   sb->drop_ = root && sb->host_uid_ != 0;
   sb->workspace_ = sb->options_.workspace;
   sb->init_path_ = FindInit(sb->options_.init_path);
@@ -876,31 +882,8 @@ vfs::Result<std::unique_ptr<Sandbox>> Sandbox::Create(SandboxOptions options) {
     RemoveTree(sb->dir_);
     return Fail(err, "cannot write to the session directory " + sb->dir_);
   }
-  if (sb->drop_) {
-    // The sandbox's host uid must reach what bwrap binds: the session
-    // directory becomes its own, with a link to (or copy of) the init.
-    // The init is put in while the directory is still root's alone.
-    std::string init = sb->dir_ + "/init";
-    bool ok = true;
-    if (link(sb->init_path_.c_str(), init.c_str()) != 0) {
-      std::ifstream in(sb->init_path_, std::ios::binary);
-      std::ofstream out(init, std::ios::binary);
-      out << in.rdbuf();
-      ok = static_cast<bool>(out) && chmod(init.c_str(), 0755) == 0;
-    }
-    ok = ok && chown(sb->dir_.c_str(), sb->host_uid_, sb->host_gid_) == 0;
-    if (!ok) {
-      int err = errno;
-      RemoveTree(sb->dir_);
-      return Fail(err, "cannot prepare the session directory " + sb->dir_ +
-                           ": " + ErrText(err));
-    }
-    sb->init_path_ = init;
-    if (auto mapped = sb->MapWorkspace(); !mapped) {
-      RemoveTree(sb->dir_);
-      return std::unexpected(mapped.error());
-    }
-  }
+  // The /etc the sandbox sees is written while the session directory is
+  // still root's alone, and stays root's (read-only to the sandbox's uid).
   const auto& o = sb->options_;
   std::string passwd = "root:x:0:0:root:/root:/usr/sbin/nologin\n";
   std::string group = "root:x:0:\n";
@@ -947,6 +930,31 @@ vfs::Result<std::unique_ptr<Sandbox>> Sandbox::Create(SandboxOptions options) {
       Log()->debug("not copying {} into the sandbox's /etc: {}", src.string(),
                    ec.message());
       std::filesystem::remove_all(dst, ec);
+    }
+  }
+  if (sb->drop_) {
+    // The sandbox's host uid must reach what bwrap binds: the session
+    // directory becomes its own, with a link to (or copy of) the init.
+    // The init is put in while the directory is still root's alone.
+    std::string init = sb->dir_ + "/init";
+    bool ok = true;
+    if (link(sb->init_path_.c_str(), init.c_str()) != 0) {
+      std::ifstream in(sb->init_path_, std::ios::binary);
+      std::ofstream out(init, std::ios::binary);
+      out << in.rdbuf();
+      ok = static_cast<bool>(out) && chmod(init.c_str(), 0755) == 0;
+    }
+    ok = ok && chown(sb->dir_.c_str(), sb->host_uid_, sb->host_gid_) == 0;
+    if (!ok) {
+      int err = errno;
+      RemoveTree(sb->dir_);
+      return Fail(err, "cannot prepare the session directory " + sb->dir_ +
+                           ": " + ErrText(err));
+    }
+    sb->init_path_ = init;
+    if (auto mapped = sb->MapWorkspace(); !mapped) {
+      RemoveTree(sb->dir_);
+      return std::unexpected(mapped.error());
     }
   }
   if (sb->options_.view != nullptr) {
@@ -1748,6 +1756,7 @@ void Sandbox::Close() {
     workspace_ = options_.workspace;
   }
   if (!dir_.empty()) RemoveTree(dir_);
+  host_id_.Release();  // its processes are gone: another session may take it
 }
 
 pid_t Sandbox::init_pid() const {

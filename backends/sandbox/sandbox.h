@@ -45,6 +45,7 @@
 #include <thread>
 #include <vector>
 
+#include "backends/sandbox/host_ids.h"
 #include "vfs/backend.h"
 #include "vfs/caller.h"
 #include "vfs/error.h"
@@ -85,7 +86,9 @@ struct SandboxOptions {
   uid_t uid = 1000;  // identity inside the sandbox
   gid_t gid = 1000;
   // Host identity of the sandbox's processes (see above). As root, the
-  // default is kHostIdBase plus a random 16-bit number per session.
+  // default is an id reserved for the session (host_ids.h): kHostIdBase plus
+  // a random 16-bit number that no other live session, account or process
+  // has.
   std::optional<uid_t> host_uid;
   std::optional<gid_t> host_gid;
   std::string user_name = "agent";
@@ -186,6 +189,7 @@ class Sandbox {
   uid_t host_uid_ = 0;
   gid_t host_gid_ = 0;
   bool drop_ = false;      // root running the sandbox as host_uid_
+  HostIdLease host_id_;    // the picked host id, held until Close()
   std::string workspace_;  // what is bound at /workspace
   vfs::Status MapWorkspace();
   // Lock order: run_mu_, then instance_mu_.
