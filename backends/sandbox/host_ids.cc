@@ -83,13 +83,14 @@ uint16_t RandomPick() {
 }  // namespace
 
 HostIdLease::HostIdLease(HostIdLease&& o) noexcept
-    : id_(o.id_), fd_(std::exchange(o.fd_, -1)) {}
+    : id_(o.id_), fd_(std::exchange(o.fd_, -1)), path_(std::move(o.path_)) {}
 
 HostIdLease& HostIdLease::operator=(HostIdLease&& o) noexcept {
   if (this != &o) {
     Release();
     id_ = o.id_;
     fd_ = std::exchange(o.fd_, -1);
+    path_ = std::move(o.path_);
   }
   return *this;
 }
@@ -97,9 +98,11 @@ HostIdLease& HostIdLease::operator=(HostIdLease&& o) noexcept {
 HostIdLease::~HostIdLease() { Release(); }
 
 void HostIdLease::Release() {
-  // The lock file stays: removing it would race with a process that opened
-  // it and is about to lock it (it would lock a name no longer linked).
-  if (fd_ >= 0) close(std::exchange(fd_, -1));
+  if (fd_ < 0) return;
+  // Unlinked while still locked: a process that opened it meanwhile and
+  // locks it after us finds it no longer linked and picks again.
+  if (!path_.empty()) unlink(path_.c_str());
+  close(std::exchange(fd_, -1));
 }
 
 vfs::Result<bool> HostIdInUse(uint32_t id) {
@@ -162,6 +165,15 @@ vfs::Result<HostIdLease> ReserveHostId(const HostIdPool& pool) {
       return Fail(err, "cannot lock " + pool.lock_dir + "/" + name + ": " +
                            ErrText(err));
     }
+    // The file may have been unlinked by its last holder between our open
+    // and our lock: then the lock is on a name no one else will open.
+    struct stat locked, named;
+    if (fstat(fd, &locked) != 0 ||
+        fstatat(dirfd, name.c_str(), &named, AT_SYMLINK_NOFOLLOW) != 0 ||
+        locked.st_dev != named.st_dev || locked.st_ino != named.st_ino) {
+      close(fd);
+      continue;
+    }
     auto used = HostIdInUse(id);
     if (!used || *used) {
       close(fd);
@@ -172,7 +184,7 @@ vfs::Result<HostIdLease> ReserveHostId(const HostIdPool& pool) {
       continue;  // a process left over from a session that died
     }
     close(dirfd);
-    return HostIdLease(id, fd);
+    return HostIdLease(id, fd, pool.lock_dir + "/" + name);
   }
   close(dirfd);
   return Fail(EAGAIN, "no free host id for a sandbox after " +

@@ -5,7 +5,7 @@
 // pick for as long as it lives:
 //   - an exclusive flock(2) on `<lock_dir>/<id>` (released by the kernel when
 //     the holder exits, however it dies), so live sessions of every agentvfs
-//     process on the host exclude each other;
+//     process on the host exclude each other; Release() removes the file;
 //   - a pick named by a passwd or group entry is skipped (a real account);
 //   - a pick that any process on the host has as its real, effective, saved
 //     or filesystem uid or gid is skipped (checked after the lock is taken:
@@ -20,6 +20,7 @@
 #include <cstdint>
 #include <functional>
 #include <string>
+#include <utility>
 
 #include "vfs/error.h"
 
@@ -39,7 +40,9 @@ struct HostIdPool {
 class HostIdLease {
  public:
   HostIdLease() = default;
-  HostIdLease(uint32_t id, int lock_fd) : id_(id), fd_(lock_fd) {}
+  // Takes over `lock_fd`, the locked file at `lock_path`.
+  HostIdLease(uint32_t id, int lock_fd, std::string lock_path)
+      : id_(id), fd_(lock_fd), path_(std::move(lock_path)) {}
   HostIdLease(HostIdLease&& o) noexcept;
   HostIdLease& operator=(HostIdLease&& o) noexcept;
   HostIdLease(const HostIdLease&) = delete;
@@ -54,6 +57,7 @@ class HostIdLease {
  private:
   uint32_t id_ = 0;
   int fd_ = -1;  // the flock'ed lock file
+  std::string path_;
 };
 
 // Reserves an id as described above. EAGAIN when `attempts` picks were all

@@ -64,6 +64,9 @@ TEST_F(HostIdTest, APickALiveLeaseHoldsIsSkippedUntilReleased) {
   ASSERT_TRUE(b.has_value()) << b.error().message;
   EXPECT_EQ(b->id(), kTestBase + 11);
   a->Release();
+  EXPECT_NE(
+      access((locks_ + "/" + std::to_string(kTestBase + 10)).c_str(), F_OK), 0)
+      << "a released lease leaves its lock file behind";
   auto c = ReserveHostId(Pool({10}));
   ASSERT_TRUE(c.has_value()) << c.error().message;
   EXPECT_EQ(c->id(), kTestBase + 10);
@@ -203,6 +206,7 @@ TEST_F(SandboxTest, TheSessionHoldsItsHostIdUntilItEnds) {
   EXPECT_EQ(errno, EWOULDBLOCK);
   sandbox_->Close();
   EXPECT_EQ(flock(fd, LOCK_EX | LOCK_NB), 0);
+  EXPECT_NE(access(lock.c_str(), F_OK), 0) << lock << " is left behind";
   close(fd);
   auto in_use = sandbox::HostIdInUse(id);
   ASSERT_TRUE(in_use.has_value());
