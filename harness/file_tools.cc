@@ -1,6 +1,9 @@
 // The text-editor and memory tools over the router (see file_tools.h).
 #include "harness/file_tools.h"
 
+#include <fcntl.h>
+#include <linux/falloc.h>
+
 #include <algorithm>
 #include <cinttypes>
 #include <cstdio>
@@ -58,9 +61,18 @@ int64_t LineCount(const std::string& text) {
   return static_cast<int64_t>(LineStarts(text).size());
 }
 
-int64_t LineOf(const std::string& text, size_t offset) {
-  return 1 + static_cast<int64_t>(
-                 std::count(text.begin(), text.begin() + offset, '\n'));
+// At most this many match lines are listed when old_str is not unique.
+constexpr size_t kMaxListedLines = 20;
+// old_str is echoed in refusals up to this many bytes.
+constexpr size_t kMaxEchoBytes = 1024;
+
+// `s` for a message: cut to kMaxEchoBytes at a UTF-8 character boundary.
+std::string Quoted(const std::string& s) {
+  if (s.size() <= kMaxEchoBytes) return s;
+  size_t cut = kMaxEchoBytes;
+  while (cut > 0 && (static_cast<unsigned char>(s[cut]) & 0xC0) == 0x80) --cut;
+  return s.substr(0, cut) + "[... " + std::to_string(s.size() - cut) +
+         " more bytes]";
 }
 
 // `cat -n` of lines [from, to] of `text` (1-based, clamped).
@@ -269,19 +281,67 @@ vfs::Status FileTools::Replace(
                             "edit text");
   auto changed = edit(data);
   if (!changed) return std::unexpected(changed.error());
+  if (changed->size() > kMaxToolFileBytes)
+    return Fail(EFBIG, "the edit would make " + path.str() + " " +
+                           HumanSize(changed->size()) + "B, over the " +
+                           HumanSize(kMaxToolFileBytes) +
+                           "B the file tools handle; nothing was changed. "
+                           "Split the file or edit it with bash");
+  return WriteWhole(**h, path, *changed, &data, /*report_kept=*/true);
+}
+
+vfs::Status FileTools::WriteWhole(vfs::FileHandle& h, const vfs::Path& path,
+                                  const std::string& content,
+                                  const std::string* original,
+                                  bool report_kept) {
+  const bool at_once = !h.NeedsFlush();  // a host file: no commit to hold
+  auto failed = [&](vfs::Error e, bool touched) -> vfs::Status {
+    if (e.message.empty())
+      e.message = vfs::ErrnoName(e.code) + " writing " + path.str();
+    std::string left = "; " + path.str() + " was left as it was";
+    if (!at_once) {
+      h.Discard();  // nothing of this edit is committed, now or later
+    } else if (touched && original != nullptr) {
+      // Put the former content back: its blocks are still the file's.
+      bool back = true;
+      for (size_t off = 0; back && off < original->size();) {
+        auto n = h.Write(original->data() + off, original->size() - off,
+                         static_cast<off_t>(off));
+        back = n && *n > 0;
+        if (back) off += *n;
+      }
+      back = back && h.Truncate(static_cast<off_t>(original->size()));
+      if (!back)
+        left = "; putting back the former content of " + path.str() +
+               " failed too: the file may be damaged";
+    } else if (touched) {
+      left = "; " + path.str() + " may now hold part of the new text";
+    }
+    if (report_kept || left.find("was left") == std::string::npos)
+      e.message += left;
+    return std::unexpected(std::move(e));
+  };
+  if (at_once && !content.empty()) {
+    auto reserved =
+        h.Allocate(FALLOC_FL_KEEP_SIZE, 0, static_cast<off_t>(content.size()));
+    if (!reserved && reserved.error().code != ENOTSUP &&
+        reserved.error().code != EOPNOTSUPP && reserved.error().code != ENOSYS)
+      return failed(reserved.error(), false);
+  }
   // Written over the old bytes first, then cut to the new length: a crash
   // in between leaves the new text (and maybe old bytes after it), never an
-  // empty file. (The store commits the whole edit at Flush in any case.)
-  size_t off = 0;
-  while (off < changed->size()) {
-    auto n = (*h)->Write(changed->data() + off, changed->size() - off,
-                         static_cast<off_t>(off));
-    if (!n) return std::unexpected(n.error());
+  // empty file.
+  for (size_t off = 0; off < content.size();) {
+    auto n = h.Write(content.data() + off, content.size() - off,
+                     static_cast<off_t>(off));
+    if (!n) return failed(n.error(), true);
+    if (*n == 0) return failed(vfs::Error{EIO, "write made no progress"}, true);
     off += *n;
   }
-  if (auto t = (*h)->Truncate(static_cast<off_t>(changed->size())); !t)
-    return t;
-  return (*h)->Flush();
+  if (auto t = h.Truncate(static_cast<off_t>(content.size())); !t)
+    return failed(t.error(), true);
+  if (auto f = h.Flush(); !f) return failed(f.error(), true);
+  return {};
 }
 
 vfs::Status FileTools::MakeParents(const vfs::Path& path) {
@@ -405,17 +465,28 @@ ToolResult FileTools::Create(const vfs::Path& path, const std::string& text,
               true};
     if (auto ok = MakeParents(path); !ok) return Failure(ok.error(), path);
   }
-  int flags = O_WRONLY | O_CREAT | O_TRUNC | (must_be_new ? O_EXCL : 0);
-  auto h = router_.Open(caller_, path, flags, 0644);
-  if (!h) return Failure(h.error(), path);
-  size_t off = 0;
-  while (off < text.size()) {
-    auto n = (*h)->Write(text.data() + off, text.size() - off,
-                         static_cast<off_t>(off));
-    if (!n) return Failure(n.error(), path);
-    off += *n;
+  // O_EXCL first, so that a failure removes only a file this call made;
+  // an existing file is opened without O_TRUNC (WriteWhole cuts it once the
+  // new text is in).
+  bool made = true;
+  auto h = router_.Open(caller_, path, O_WRONLY | O_CREAT | O_EXCL, 0644);
+  if (!h && h.error().code == EEXIST && !must_be_new) {
+    made = false;
+    h = router_.Open(caller_, path, O_WRONLY | O_CREAT, 0644);
   }
-  if (auto ok = (*h)->Flush(); !ok) return Failure(ok.error(), path);
+  if (!h) return Failure(h.error(), path);
+  static const std::string kNothing;
+  if (auto ok = WriteWhole(**h, path, text, made ? &kNothing : nullptr,
+                           /*report_kept=*/!made);
+      !ok) {
+    auto e = ok.error();
+    if (made) {
+      // The empty file this call made goes too, so a retry can make it.
+      h->reset();
+      if (router_.Unlink(caller_, path)) e.message += "; nothing was created";
+    }
+    return Failure(e, path);
+  }
   return {"File created successfully at: " + path.str(), false};
 }
 
@@ -429,24 +500,40 @@ ToolResult FileTools::StrReplace(const vfs::Path& path,
   std::optional<std::string> refusal;
   auto ok =
       Replace(path, [&](const std::string& text) -> vfs::Result<std::string> {
+        // The lines of the matches in one pass (newlines counted from the
+        // previous match), listing at most kMaxListedLines of them.
         std::vector<int64_t> lines;
+        size_t matches = 0, counted = 0;
+        int64_t line = 1;
+        bool more = false;
         for (size_t at = text.find(old_str); at != std::string::npos;
-             at = text.find(old_str, at + old_str.size()))
-          lines.push_back(LineOf(text, at));
-        if (lines.empty()) {
-          refusal = "No replacement was performed, old_str `" + old_str +
-                    "` did not appear verbatim in " + path.str() + ".";
+             at = text.find(old_str, at + old_str.size())) {
+          line += std::count(text.begin() + static_cast<ptrdiff_t>(counted),
+                             text.begin() + static_cast<ptrdiff_t>(at), '\n');
+          counted = at;
+          ++matches;
+          if (lines.empty() || lines.back() != line) {
+            if (lines.size() < kMaxListedLines)
+              lines.push_back(line);
+            else
+              more = true;
+          }
+        }
+        if (matches == 0) {
+          refusal = "No replacement was performed, old_str `" +
+                    Quoted(old_str) + "` did not appear verbatim in " +
+                    path.str() + ".";
           return Fail(ECANCELED, *refusal);
         }
-        if (lines.size() > 1) {
+        if (matches > 1) {
           std::string where;
           for (size_t i = 0; i < lines.size(); ++i)
             where += (i ? ", " : "") + std::to_string(lines[i]);
-          refusal =
-              "No replacement was performed. Multiple occurrences of "
-              "old_str `" +
-              old_str + "` in lines [" + where +
-              "]. Please ensure it is unique (include more context).";
+          if (more) where += ", ...";
+          refusal = "No replacement was performed. Multiple occurrences (" +
+                    std::to_string(matches) + ") of old_str `" +
+                    Quoted(old_str) + "` in lines [" + where +
+                    "]. Please ensure it is unique (include more context).";
           return Fail(ECANCELED, *refusal);
         }
         size_t at = text.find(old_str);

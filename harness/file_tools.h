@@ -64,6 +64,17 @@ class FileTools {
   vfs::Status Replace(
       const vfs::Path& path,
       const std::function<vfs::Result<std::string>(const std::string&)>& edit);
+  // Makes `content` the whole content of the open file `h` as one change:
+  // a failure leaves the file as it was. The store commits nothing before
+  // Flush, and a failed handle is discarded. A host file's writes land at
+  // once, so the new size is reserved first (fallocate, keeping the size):
+  // a full disk or quota fails there, before a byte changes; a write that
+  // fails anyway puts `original` back (when given; else the error says the
+  // file may hold part of the new text). With `report_kept`, an error also
+  // says when the file was left as it was.
+  vfs::Status WriteWhole(vfs::FileHandle& h, const vfs::Path& path,
+                         const std::string& content,
+                         const std::string* original, bool report_kept);
   vfs::Status MakeParents(const vfs::Path& path);
   vfs::Status RemoveTree(const vfs::Path& path);
   ToolResult Failure(const vfs::Error& e, const vfs::Path& path) const;

@@ -185,6 +185,50 @@ TEST_F(FileToolsTest, StrReplaceNeedsExactlyOneVerbatimOccurrence) {
   EXPECT_EQ(Host("c.py"), "a = 1\nb = 20\na = 10\n");
 }
 
+// A common old_str in a big file: the matches are counted in one pass and
+// only the first lines are listed, so the refusal stays short (it goes to
+// the model) and quick; a long old_str is echoed cut, at a character.
+TEST_F(FileToolsTest, ARefusalListsAFewMatchesAndEchoesALongOldStrCut) {
+  {
+    std::ofstream f(ws_->Sub("big.txt"));
+    for (int i = 0; i < 100000; ++i) f << "the lazy dog, the lazy cat\n";
+  }
+  auto r = Edit({{"command", "str_replace"},
+                 {"path", "/workspace/big.txt"},
+                 {"old_str", "the lazy"},
+                 {"new_str", "a busy"}});
+  EXPECT_TRUE(r.is_error);
+  EXPECT_THAT(r.text, HasSubstr("Multiple occurrences (200000)"));
+  EXPECT_THAT(r.text, HasSubstr("lines [1, 2, 3, "));
+  EXPECT_THAT(r.text, HasSubstr(", 20, ...]"));
+  EXPECT_LT(r.text.size(), 1024u) << r.text.substr(0, 300);
+  // 1020 bytes of 'q' then two-byte characters: the cut at 1024 bytes
+  // falls inside one and moves back to its start.
+  std::string long_str = std::string(1021, 'q') + "\u00e9\u00e9\u00e9";
+  r = Edit({{"command", "str_replace"},
+            {"path", "/workspace/big.txt"},
+            {"old_str", long_str},
+            {"new_str", "x"}});
+  EXPECT_TRUE(r.is_error);
+  EXPECT_THAT(r.text,
+              HasSubstr(std::string(1021, 'q') + "\u00e9[... 4 more bytes]"));
+}
+
+// An edit that would take a file past what the tools handle is refused
+// before anything is written.
+TEST_F(FileToolsTest, AnEditThatWouldMakeTheFileTooBigIsRefused) {
+  const std::string body(harness::kMaxToolFileBytes - 10, 'a');
+  { std::ofstream(ws_->Sub("full.txt")) << body; }
+  auto r = Edit({{"command", "insert"},
+                 {"path", "/workspace/full.txt"},
+                 {"insert_line", 0},
+                 {"insert_text", std::string(64, 'b')}});
+  EXPECT_TRUE(r.is_error);
+  EXPECT_THAT(r.text, HasSubstr("over the 16.0MB the file tools handle; "
+                                "nothing was changed"));
+  EXPECT_EQ(Host("full.txt").size(), body.size());
+}
+
 TEST_F(FileToolsTest, InsertPutsTextAfterTheGivenLine) {
   std::ofstream(ws_->Sub("i.txt")) << "one\ntwo";  // no final newline
   auto r = Edit({{"command", "insert"},
