@@ -18,22 +18,58 @@ namespace agentvfs::cli {
 namespace {
 
 // The one line that carries a new token.
-void PrintToken(const std::string& user, const std::string& token) {
+// `s` as one shell word: as it is when it holds only safe characters, else
+// in single quotes.
+std::string ShellQuoted(const std::string& s) {
+  if (!s.empty() && s.find_first_not_of("abcdefghijklmnopqrstuvwxyz"
+                                        "ABCDEFGHIJKLMNOPQRSTUVWXYZ"
+                                        "0123456789_-./:@%+,") ==
+                        std::string::npos)
+    return s;
+  std::string out = "'";
+  for (char c : s) {
+    if (c == '\'')
+      out += "'\\''";
+    else
+      out += c;
+  }
+  return out + "'";
+}
+
+// Fails when the line did not reach standard output (a full disk, a closed
+// pipe): the token would be lost.
+vfs::Status PrintToken(const std::string& user, const std::string& token) {
   std::cout << "token for " << user << " (shown once; keep it): " << token
             << std::endl;
+  if (!std::cout.fail()) return {};
+  std::cout.clear();
+  return vfs::Fail(EIO, "the token for " + user +
+                            " could not be written to standard output");
+}
+
+// For a token already committed whose line did not reach the user.
+vfs::Status TokenLost(const vfs::Error& e, const std::string& user) {
+  return vfs::Fail(e.code, e.message + ", so it is lost; make a new one with "
+                                       "`agentvfs user token " +
+                               user + "` (the lost one will stop working)");
 }
 
 int RunInit(const StoreFlags& flags, const std::string& admin) {
   auto name = ResolveStoreName(flags);
   if (!name) return Report("init", name.error());
-  auto token = store::InitStore(*name, admin);
+  // The token is printed inside init's transaction: if it cannot be
+  // written, no store is made (a store whose only admin has no token could
+  // never be used, and init refuses a store that has users).
+  auto token = store::InitStore(*name, admin, [&](const std::string& t) {
+    return PrintToken(admin, t);
+  });
   if (!token) return Report("init", token.error());
-  PrintToken(admin, *token);
   std::cerr << "Store " << store::DisplayName(*name) << " is ready; " << admin
             << " is its admin. Use the token without putting it on a command "
                "line:\n"
             << "  export AGENTVFS_TOKEN=<the token above>\n"
-            << "  export AGENTVFS_STORE=" << store::DisplayName(*name) << "\n"
+            << "  export AGENTVFS_STORE=" << ShellQuoted(store::DisplayName(*name))
+            << "\n"
             << "or keep it in a file only you can read and pass "
                "--token-file FILE.\n";
   if (store::DisplayName(*name) != *name) {
@@ -105,7 +141,8 @@ void AddUserCommands(CLI::App& app, int* exit_code) {
             auto token = store::AddUser(s.backend->engine(), s.caller.user,
                                         a->name, a->teams);
             if (!token) return std::unexpected(token.error());
-            PrintToken(a->name, *token);
+            if (auto ok = PrintToken(a->name, *token); !ok)
+              return TokenLost(ok.error(), a->name);
             return {};
           });
     });
@@ -127,7 +164,8 @@ void AddUserCommands(CLI::App& app, int* exit_code) {
             auto token =
                 store::RotateToken(s.backend->engine(), s.caller.user, a->name);
             if (!token) return std::unexpected(token.error());
-            PrintToken(a->name, *token);
+            if (auto ok = PrintToken(a->name, *token); !ok)
+              return TokenLost(ok.error(), a->name);
             return {};
           });
     });
@@ -274,8 +312,10 @@ void AddGrantCommands(CLI::App& app, int* exit_code) {
             auto ok = store::Grant(s.backend->engine(), s.caller.user,
                                    a->prefix, *subject, *level);
             if (!ok) return ok;
+            auto shown = vfs::Path::Parse(a->prefix);  // as it was stored
             std::cout << "granted " << store::LevelName(*level) << " on "
-                      << a->prefix << " to " << subject->ToString() << "\n";
+                      << (shown ? shown->str() : a->prefix) << " to "
+                      << subject->ToString() << "\n";
             return {};
           });
     });
@@ -305,7 +345,9 @@ void AddGrantCommands(CLI::App& app, int* exit_code) {
             auto ok = store::Revoke(s.backend->engine(), s.caller.user,
                                     a->prefix, *subject);
             if (!ok) return ok;
-            std::cout << "revoked the grant on " << a->prefix << " to "
+            auto shown = vfs::Path::Parse(a->prefix);
+            std::cout << "revoked the grant on "
+                      << (shown ? shown->str() : a->prefix) << " to "
                       << subject->ToString() << "\n";
             return {};
           });

@@ -1,6 +1,8 @@
 // `agentvfs history | cat | restore | purge` (history_commands.h).
 #include "cli/history_commands.h"
 
+#include <fcntl.h>
+#include <sys/stat.h>
 #include <time.h>
 
 #include <algorithm>
@@ -78,6 +80,29 @@ void PrintHistoryTable(const std::vector<store::VersionInfo>& versions) {
   }
 }
 
+// `e` with `path` named in its message, for errors that do not name it
+// ("no such file or directory").
+std::unexpected<vfs::Error> Naming(vfs::Error e, const vfs::Path& path) {
+  if (e.message.find(path.str()) == std::string::npos)
+    e.message = path.str() + ": " + e.message;
+  return std::unexpected(std::move(e));
+}
+
+// --version: a version number as `agentvfs history` lists them.
+CLI::Validator VersionNumber() {
+  return CLI::Validator(
+      [](std::string& text) -> std::string {
+        if (text.empty() ||
+            text.find_first_not_of("0123456789") != std::string::npos ||
+            text.find_first_not_of('0') == std::string::npos || text.size() > 18)
+          return "give a version number as `agentvfs history` "
+                 "lists them (1, 2, ...), not '" +
+                 text + "'";
+        return "";
+      },
+      "N");
+}
+
 vfs::Status WriteStdout(std::string_view piece) {
   if (std::fwrite(piece.data(), 1, piece.size(), stdout) != piece.size()) {
     return vfs::Fail(EIO, "cannot write to standard output");
@@ -108,10 +133,14 @@ void AddHistory(CLI::App& app, int* exit_code) {
     *exit_code = RunAsUser(
         "history", a->store, "cli", [&](StoreSession& s) -> vfs::Status {
           auto versions = s.backend->History(s.caller, *path);
-          if (!versions) return std::unexpected(versions.error());
+          if (!versions) return Naming(versions.error(), *path);
           if (a->json) {
             for (const auto& v : *versions) {
-              std::cout << VersionJson(v).dump() << "\n";
+              // A path need not be UTF-8; JSON must be.
+              std::cout << VersionJson(v).dump(
+                               -1, ' ', false,
+                               nlohmann::json::error_handler_t::replace)
+                        << "\n";
             }
           } else {
             PrintHistoryTable(*versions);
@@ -134,7 +163,7 @@ void AddCat(CLI::App& app, int* exit_code) {
   cmd->add_option("--version", a->version,
                   "Version to print (see `agentvfs history`); default: the "
                   "current content")
-      ->check(CLI::PositiveNumber);
+      ->check(VersionNumber());
   AddStoreFlags(cmd, &a->store);
   cmd->callback([a, exit_code] {
     auto path = ParseStorePath(a->path);
@@ -144,25 +173,28 @@ void AddCat(CLI::App& app, int* exit_code) {
     }
     *exit_code =
         RunAsUser("cat", a->store, "cli", [&](StoreSession& s) -> vfs::Status {
-          if (a->version == 0) {
-            auto ok =
-                store::ReadInPieces(*s.backend, s.caller, *path, WriteStdout);
-            if (!ok) return ok;
-          } else {
-            auto file = s.backend->OpenVersion(s.caller, *path, a->version);
-            if (!file) return std::unexpected(file.error());
-            std::string buf(store::kCopyPieceBytes, '\0');
-            off_t offset = 0;
-            for (;;) {
-              auto got = (*file)->Read(buf.data(), buf.size(), offset);
-              if (!got) return std::unexpected(got.error());
-              if (*got == 0) break;
-              if (auto ok = WriteStdout(std::string_view(buf.data(), *got));
-                  !ok) {
-                return ok;
-              }
-              offset += static_cast<off_t>(*got);
-            }
+          // The current content through the file's name (a symlink in the
+          // store is followed, as cat does), or a version by number.
+          auto file = a->version == 0
+                          ? s.backend->Open(s.caller, *path, O_RDONLY, 0)
+                          : s.backend->OpenVersion(s.caller, *path, a->version);
+          if (!file) return Naming(file.error(), *path);
+          auto st = (*file)->Stat();
+          if (!st) return Naming(st.error(), *path);
+          if (S_ISDIR(st->st_mode)) {
+            return vfs::Fail(EISDIR, path->str() +
+                                         " is a directory; cat prints files "
+                                         "(see the folder with `agentvfs "
+                                         "export` or through a mount)");
+          }
+          std::string buf(store::kCopyPieceBytes, '\0');
+          for (off_t offset = 0;;) {
+            auto got = (*file)->Read(buf.data(), buf.size(), offset);
+            if (!got) return Naming(got.error(), *path);
+            if (*got == 0) break;
+            if (auto ok = WriteStdout(std::string_view(buf.data(), *got)); !ok)
+              return ok;
+            offset += static_cast<off_t>(*got);
           }
           if (std::fflush(stdout) != 0) {
             return vfs::Fail(EIO, "cannot write to standard output");
@@ -187,7 +219,7 @@ void AddRestore(CLI::App& app, int* exit_code) {
   cmd->add_option("--version", a->version,
                   "Version to restore (see `agentvfs history`)")
       ->required()
-      ->check(CLI::PositiveNumber);
+      ->check(VersionNumber());
   AddStoreFlags(cmd, &a->store);
   cmd->callback([a, exit_code] {
     auto path = ParseStorePath(a->path);

@@ -2,6 +2,9 @@
 // the library code that does the work.
 #include <CLI/CLI.hpp>
 
+#include <cstdio>
+#include <iostream>
+
 #include "cli/admin_commands.h"
 #include "cli/exec_command.h"
 #include "cli/history_commands.h"
@@ -25,6 +28,15 @@ int main(int argc, char** argv) {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
     return app.exit(e);
+  }
+  // Output that could not be written (a full disk, a closed pipe) is a
+  // failure, not a quiet success.
+  std::cout.flush();
+  if ((std::cout.fail() || std::fflush(stdout) != 0 || std::ferror(stdout)) &&
+      exit_code == 0) {
+    std::cerr << "agentvfs: could not write the output to standard output; "
+                 "it is incomplete\n";
+    exit_code = 1;
   }
   return exit_code;
 }

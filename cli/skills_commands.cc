@@ -10,14 +10,22 @@
 #include <string>
 #include <string_view>
 
+#include "backends/store/auth.h"
 #include "backends/store/skills.h"
+#include "backends/store/store.h"
 #include "cli/store_access.h"
 
 namespace agentvfs::cli {
 namespace {
 
-std::string_view FirstLine(std::string_view text) {
-  return text.substr(0, text.find('\n'));
+// The first line of `text` for a terminal: control characters (an escape
+// sequence someone put in a skill's description) are shown as '?'.
+std::string FirstLine(std::string_view text) {
+  std::string line(text.substr(0, text.find('\n')));
+  for (char& c : line) {
+    if (static_cast<unsigned char>(c) < 0x20 || c == 0x7f) c = '?';
+  }
+  return line;
 }
 
 void AddSkillsImport(CLI::App* skills, int* exit_code) {
@@ -37,7 +45,27 @@ void AddSkillsImport(CLI::App* skills, int* exit_code) {
     *exit_code = RunAsUser(
         "skills import", a->store, "cli-skills",
         [&](StoreSession& s) -> vfs::Status {
-          auto imported = store::ImportSkills(*s.backend, s.caller, a->dir);
+          auto found = store::FindSkills(a->dir);
+          if (!found) return std::unexpected(found.error());
+          // Every skill's place must be writable before any is copied, so
+          // that a refusal imports nothing.
+          auto policy = s.backend->auth().PolicyFor(s.caller.user);
+          if (!policy) return std::unexpected(policy.error());
+          std::string refused;
+          for (const auto& skill : *found) {
+            std::string dest =
+                std::string(store::kSkillsRoot) + "/" + skill.info.name;
+            if ((*policy)->LevelOf(dest) < store::Level::kWrite)
+              refused += (refused.empty() ? "" : ", ") + dest;
+          }
+          if (!refused.empty()) {
+            return vfs::Fail(EACCES, "user '" + s.caller.user +
+                                         "' may not write " + refused +
+                                         "; nothing was imported (ask an "
+                                         "admin for a write grant there)");
+          }
+          auto imported =
+              store::ImportHostSkills(*s.backend, s.caller, std::move(*found));
           if (!imported) return std::unexpected(imported.error());
           for (const auto& skill : *imported) {
             std::cout << "imported " << skill.name << ": "

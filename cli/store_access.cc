@@ -2,8 +2,10 @@
 #include "cli/store_access.h"
 
 #include <openssl/rand.h>
+#include <sys/stat.h>
 #include <yaml-cpp/yaml.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -31,7 +33,14 @@ vfs::Result<std::string> ResolveStoreName(const StoreFlags& flags) {
   if (!config.empty() && std::filesystem::exists(config)) {
     try {
       YAML::Node root = YAML::LoadFile(config);
-      if (root["store"]) return root["store"].as<std::string>();
+      if (root["store"]) {
+        auto store = root["store"];
+        if (!store.IsScalar() || store.as<std::string>().empty())
+          return vfs::Fail(EINVAL, config +
+                                       ": `store:` must name the store, e.g. "
+                                       "`store: /srv/agentvfs/team.db`");
+        return store.as<std::string>();
+      }
     } catch (const std::exception& e) {
       return vfs::Fail(EINVAL, config + ": " + e.what());
     }
@@ -66,21 +75,41 @@ std::vector<std::string> SecretFiles(const StoreFlags& flags) {
 
 vfs::Result<std::string> ResolveToken(const StoreFlags& flags) {
   std::string token;
-  if (!flags.token_file.empty()) {
+  const bool from_file = !flags.token_file.empty();
+  if (from_file) {
+    struct stat st {};
+    if (::stat(flags.token_file.c_str(), &st) != 0 || !S_ISREG(st.st_mode)) {
+      return vfs::Fail(EACCES, "cannot read the token file " +
+                                   flags.token_file +
+                                   (S_ISDIR(st.st_mode) ? " (a directory)" : "") +
+                                   "; --token-file wants a file holding the "
+                                   "token on its first line");
+    }
     std::ifstream in(flags.token_file);
     if (!in) {
       return vfs::Fail(EACCES,
                        "cannot read the token file " + flags.token_file);
     }
     std::getline(in, token);
+    if ((st.st_mode & 077) != 0) {
+      std::cerr << "agentvfs: warning: the token file " << flags.token_file
+                << " can be read by others (mode " << std::oct
+                << (st.st_mode & 0777) << std::dec
+                << "); make it private: chmod 600 " << flags.token_file
+                << "\n";
+    }
   } else if (const char* env = std::getenv("AGENTVFS_TOKEN"); env && *env) {
     token = env;
   }
-  while (!token.empty() && (token.back() == '\r' || token.back() == '\n' ||
-                            token.back() == ' ')) {
-    token.pop_back();
-  }
+  // Blanks around it (a pasted line) are not part of a token.
+  const char* blanks = " \t\r\n";
+  token.erase(0, std::min(token.size(), token.find_first_not_of(blanks)));
+  token.erase(token.find_last_not_of(blanks) + 1);
   if (token.empty()) {
+    if (from_file) {
+      return vfs::Fail(EACCES, "the token file " + flags.token_file +
+                                   " holds no token on its first line");
+    }
     return vfs::Fail(EACCES,
                      "no token: set AGENTVFS_TOKEN or pass --token-file FILE "
                      "(tokens are printed once by `agentvfs init` and "

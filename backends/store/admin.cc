@@ -56,6 +56,12 @@ vfs::Status EnsureTeam(Txn& txn, const std::string& team) {
   return PutGrant(txn, dir, Subject{"team", team}, Level::kWrite);
 }
 
+vfs::Result<bool> TeamExists(Txn& txn, const std::string& team) {
+  auto rows = txn.Query("SELECT 1 FROM teams WHERE name = ?", {team});
+  if (!rows) return std::unexpected(rows.error());
+  return !rows->empty();
+}
+
 vfs::Status UserExists(Txn& txn, const std::string& name) {
   auto rows = txn.Query("SELECT 1 FROM users WHERE name = ?", {name});
   if (!rows) return std::unexpected(rows.error());
@@ -134,8 +140,9 @@ vfs::Status MakeDirs(
   return {};
 }
 
-vfs::Result<std::string> InitStore(const std::string& name,
-                                   const std::string& admin) {
+vfs::Result<std::string> InitStore(
+    const std::string& name, const std::string& admin,
+    const std::function<vfs::Status(const std::string& token)>& hand_over) {
   TRY(ValidateName("user", admin));
   std::string file = name.starts_with("sqlite:") ? name.substr(7) : name;
   bool existed = ::access(file.c_str(), F_OK) == 0;
@@ -147,7 +154,7 @@ vfs::Result<std::string> InitStore(const std::string& name,
     auto users = txn.Query("SELECT COUNT(*) FROM users");
     if (!users) return std::unexpected(users.error());
     if (AsInt((*users)[0][0]) > 0) {
-      return vfs::Fail(EEXIST, name +
+      return vfs::Fail(EEXIST, DisplayName(name) +
                                    " is already set up; add users with "
                                    "`agentvfs user add`");
     }
@@ -165,10 +172,17 @@ vfs::Result<std::string> InitStore(const std::string& name,
     TRY(PutGrant(txn, "/skills", Subject{"everyone", ""}, Level::kRead));
     TRY(PutGrant(txn, "/memories/users/" + admin, Subject{"user", admin},
                  Level::kWrite));
-    return Exec(txn,
-                "INSERT INTO meta(key, value) VALUES('created_ns', ?) "
-                "ON CONFLICT(key) DO NOTHING",
-                {std::to_string(now)});
+    TRY(Exec(txn,
+             "INSERT INTO meta(key, value) VALUES('created_ns', ?) "
+             "ON CONFLICT(key) DO NOTHING",
+             {std::to_string(now)}));
+    if (hand_over) {
+      if (auto ok = hand_over(*token); !ok) {
+        return vfs::Fail(ok.error().code,
+                         ok.error().message + "; no store was made");
+      }
+    }
+    return {};
   });
   if (!made) {
     // Leave nothing behind that a second attempt would trip over.
@@ -248,6 +262,10 @@ vfs::Status AddTeam(Engine& e, const std::string& actor,
                     const std::string& team) {
   return e.Write(Durability::kFull, [&](Txn& txn) -> vfs::Status {
     TRY(NeedLevel(txn, actor, "/", Level::kAdmin));
+    TRY(ValidateName("team", team));
+    auto there = TeamExists(txn, team);
+    if (!there) return std::unexpected(there.error());
+    if (*there) return vfs::Fail(EEXIST, "team '" + team + "' exists");
     return EnsureTeam(txn, team);
   });
 }
@@ -257,7 +275,14 @@ vfs::Status AddMember(Engine& e, const std::string& actor,
   return e.Write(Durability::kFull, [&](Txn& txn) -> vfs::Status {
     TRY(NeedLevel(txn, actor, "/", Level::kAdmin));
     TRY(UserExists(txn, user));
-    TRY(EnsureTeam(txn, team));
+    TRY(ValidateName("team", team));
+    auto there = TeamExists(txn, team);
+    if (!there) return std::unexpected(there.error());
+    if (!*there) {
+      return vfs::Fail(ENOENT, "no team '" + team +
+                                   "'; add it with `agentvfs team add " + team +
+                                   "`");
+    }
     return Exec(txn,
                 "INSERT INTO members(team, \"user\") VALUES(?, ?) "
                 "ON CONFLICT DO NOTHING",

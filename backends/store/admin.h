@@ -23,9 +23,13 @@ namespace agentvfs::store {
 
 // Creates a new store at `name` with the default layout and its first user,
 // `admin`, who gets admin on "/". Returns that user's token (shown once).
-// EEXIST when the store already has users.
-vfs::Result<std::string> InitStore(const std::string& name,
-                                   const std::string& admin);
+// EEXIST when the store already has users. `hand_over`, when given, gets
+// the token inside the creating transaction: when it fails, nothing is
+// committed (and a SQLite file this call made is removed), so a token that
+// never reached anyone leaves no store behind that nobody could use.
+vfs::Result<std::string> InitStore(
+    const std::string& name, const std::string& admin,
+    const std::function<vfs::Status(const std::string& token)>& hand_over = {});
 
 struct UserInfo {
   std::string name;

@@ -1327,8 +1327,14 @@ vfs::Result<std::vector<SkillInfo>> ImportHostSkills(
     if (auto s = ImportOpenTree(backend, caller, dir.get(), skill.host_dir,
                                 *dest, ImportOptions{});
         !s) {
-      return WithContext(s.error(), "importing skill " + skill.info.name +
-                                        " from " + skill.host_dir);
+      std::string before;
+      for (const auto& done : imported)
+        before += (before.empty() ? "" : ", ") + done.name;
+      return WithContext(
+          s.error(),
+          "importing skill " + skill.info.name + " from " + skill.host_dir +
+              (before.empty() ? " (no skill was imported)"
+                              : " (imported before it: " + before + ")"));
     }
     imported.push_back(std::move(*again));
   }

@@ -163,7 +163,8 @@ vfs::Status ExportTree(vfs::Backend& backend, const vfs::Caller& caller,
 // options), creating /skills/<name> when missing. Returns the imported
 // skills in name order. When any skill is invalid nothing is imported.
 // An import that fails part-way (e.g. EACCES on the third skill) leaves the
-// skills before it imported; the message says which skill failed.
+// skills before it imported; the message says which skill failed and
+// which were imported before it.
 vfs::Result<std::vector<SkillInfo>> ImportSkills(vfs::Backend& backend,
                                                  const vfs::Caller& caller,
                                                  const std::string& host_dir);

@@ -689,6 +689,35 @@ vfs::Result<std::unique_ptr<Engine>> OpenSqliteEngine(const std::string& path,
   auto writer = Connection::Open(path, SQLITE_OPEN_READWRITE);
   if (!writer) return std::unexpected(writer.error());
   Connection& w = **writer;
+  // A database that is no store yet (schema version 0): only `init` makes
+  // one, and only in a new or empty database, never in another program's
+  // (nothing here may write to a file that a mistyped store name found).
+  auto schema = w.Query("PRAGMA user_version", {});
+  if (!schema) {
+    return vfs::Fail(schema.error().code, path + " is not a usable store (" +
+                                              schema.error().message + ")");
+  }
+  if (AsInt((*schema)[0][0]) == 0) {
+    if (!create) {
+      return vfs::Fail(ENOENT, "no agentvfs store in " + path +
+                                   "; create one with `agentvfs init --store " +
+                                   path + " --admin NAME`");
+    }
+    auto tables = w.Query("SELECT COUNT(*) FROM sqlite_master", {});
+    if (!tables) return std::unexpected(tables.error());
+    if (AsInt((*tables)[0][0]) > 0) {
+      return vfs::Fail(EEXIST, path +
+                                   " is a database of another program (it has "
+                                   "tables but no agentvfs schema); a store is "
+                                   "made only in a new or empty file: choose "
+                                   "another name");
+    }
+    if (exists && (st.st_mode & 077) != 0 && ::chmod(path.c_str(), 0600) != 0) {
+      return vfs::Fail(EACCES, "cannot make " + path +
+                                   " private to its owner (chmod 0600): " +
+                                   std::strerror(errno));
+    }
+  }
   for (std::string_view pragma :
        {"PRAGMA journal_mode=WAL", "PRAGMA synchronous=FULL",
         "PRAGMA foreign_keys=OFF", "PRAGMA temp_store=MEMORY"}) {

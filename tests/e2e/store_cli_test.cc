@@ -721,6 +721,184 @@ TEST_F(StoreCliTest, TheStoreIsNamedByFlagVariableOrConfigFile) {
   EXPECT_NE(r.exit_status, 0);
   EXPECT_TRUE(Contains(r.output, "agentvfs init")) << r.output;
   EXPECT_FALSE(std::filesystem::exists(work_->Sub("nope.db")));
+  // An empty `store:` in the config is an error, not a store named "null".
+  ASSERT_TRUE(WriteFile(config, "store:\n"));
+  r = Cli({"user", "list"},
+          {{"AGENTVFS_TOKEN", lead}, {"AGENTVFS_CONFIG", config}});
+  EXPECT_NE(r.exit_status, 0);
+  EXPECT_TRUE(Contains(r.output, "`store:` must name the store")) << r.output;
+}
+
+// `agentvfs ARGS > /dev/full` with the test's store and `token`.
+CommandResult ToFullDisk(const std::string& db, const std::string& token,
+                         const std::vector<std::string>& args,
+                         const std::string& config) {
+  std::vector<std::string> argv = {"sh", "-c", "exec \"$@\" > /dev/full", "sh",
+                                   AGENTVFS_BINARY};
+  argv.insert(argv.end(), args.begin(), args.end());
+  return RunCommand(argv, CommandOptions{.env = {{"AGENTVFS_STORE", db},
+                                                 {"AGENTVFS_TOKEN", token},
+                                                 {"AGENTVFS_CONFIG", config}}});
+}
+
+// A token that cannot be written out is a failure: init then makes no store
+// (its only admin would have no token, and init refuses a store with
+// users); user add says the token is lost and how to make a new one. Any
+// output that cannot be written makes the exit status non-zero.
+TEST_F(StoreCliTest, ATokenThatCannotBeWrittenIsAFailure) {
+  const std::string none = work_->Sub("no-such-config.yaml");
+  CommandResult r = ToFullDisk(db_, "", {"init", "--admin", "lead"}, none);
+  EXPECT_NE(r.exit_status, 0) << r.output;
+  EXPECT_TRUE(Contains(r.output,
+                       "could not be written to standard output; "
+                       "no store was made"))
+      << r.output;
+  EXPECT_FALSE(std::filesystem::exists(db_));
+  const std::string lead = Init();  // the same init, with a terminal, works
+  r = ToFullDisk(db_, lead, {"user", "add", "dev"}, none);
+  EXPECT_NE(r.exit_status, 0) << r.output;
+  EXPECT_TRUE(Contains(r.output,
+                       "so it is lost; make a new one with "
+                       "`agentvfs user token dev`"))
+      << r.output;
+  std::string dev = FindToken(MustAs(lead, {"user", "token", "dev"}));
+  EXPECT_FALSE(dev.empty());
+  for (const auto& args : std::vector<std::vector<std::string>>{
+           {"grants"}, {"user", "list"}, {"history", "/memories/org"}}) {
+    r = ToFullDisk(db_, lead, args, none);
+    EXPECT_NE(r.exit_status, 0) << args[0] << ": " << r.output;
+  }
+}
+
+// A store name that finds a database of another program never changes it,
+// and a store made in an existing empty file is private like a new one.
+TEST_F(StoreCliTest, ADatabaseOfAnotherProgramIsNeverTurnedIntoAStore) {
+  const std::string foreign = work_->Sub("notes.db");
+  {
+    sqlite3* db = nullptr;
+    ASSERT_EQ(sqlite3_open(foreign.c_str(), &db), SQLITE_OK);
+    ASSERT_EQ(sqlite3_exec(db,
+                           "CREATE TABLE notes(x); INSERT INTO notes "
+                           "VALUES('mine')",
+                           nullptr, nullptr, nullptr),
+              SQLITE_OK);
+    sqlite3_close(db);
+  }
+  const std::string before = ReadFile(foreign).value_or("");
+  CommandResult r = Cli({"history", "/memories/x", "--store", foreign},
+                        {{"AGENTVFS_TOKEN", "avfs_x"}});
+  EXPECT_NE(r.exit_status, 0);
+  EXPECT_TRUE(Contains(r.output, "no agentvfs store in " + foreign))
+      << r.output;
+  r = Cli({"init", "--store", foreign, "--admin", "lead"});
+  EXPECT_NE(r.exit_status, 0);
+  EXPECT_TRUE(Contains(r.output, "is a database of another program"))
+      << r.output;
+  r = Cli({"migrate", "--from", foreign, "--to", work_->Sub("copy.db")});
+  EXPECT_NE(r.exit_status, 0) << r.output;
+  EXPECT_EQ(ReadFile(foreign).value_or(""), before) << "notes.db was changed";
+  EXPECT_FALSE(std::filesystem::exists(foreign + "-wal"));
+
+  const std::string empty = work_->Sub("empty.db");
+  ASSERT_TRUE(WriteFile(empty, "", 0644));
+  r = Cli({"history", "/memories/x", "--store", empty},
+          {{"AGENTVFS_TOKEN", "avfs_x"}});
+  EXPECT_TRUE(Contains(r.output, "no agentvfs store in")) << r.output;
+  r = Cli({"init", "--store", empty, "--admin", "lead"});
+  EXPECT_EQ(r.exit_status, 0) << r.output;
+  struct stat st;
+  ASSERT_EQ(stat(empty.c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 0777, 0600u);
+}
+
+// What `cat`, `history`, `team`, `grant`, `skills` and token files make of
+// odd but plausible input: a clear answer, never a crash or a quiet no-op.
+TEST_F(StoreCliTest, OddInputGetsAClearAnswer) {
+  const std::string lead = Init();
+  const std::string dev = AddUser(lead, "dev", {"--team", "eng"});
+  ASSERT_TRUE(ApiWrite("lead", "/memories/users/lead/a.md", "hello\n"));
+  // A path that is not UTF-8, as JSON.
+  const std::string odd =
+      "/memories/users/lead/bad\xff"
+      "name.md";
+  ASSERT_TRUE(ApiWrite("lead", odd, "x\n"));
+  auto versions = History(lead, odd);
+  ASSERT_EQ(versions.size(), 1u);
+  EXPECT_EQ(versions[0]["path"], "/memories/users/lead/bad\xef\xbf\xbdname.md");
+  // cat: a directory is an error; a symlink in the store is followed; a
+  // missing file is named.
+  ExpectRefused(lead, {"cat", "/memories/users/lead"}, "is a directory");
+  {
+    auto backend = store::StoreBackend::Open(db_);
+    ASSERT_TRUE(backend.has_value());
+    vfs::Caller c;
+    c.user = "lead";
+    c.session = "api-lead";
+    ASSERT_TRUE((*backend)->Symlink(
+        c, "a.md", *vfs::Path::Parse("/memories/users/lead/link.md")));
+  }
+  EXPECT_EQ(MustAs(lead, {"cat", "/memories/users/lead/link.md"}), "hello\n");
+  ExpectRefused(lead, {"cat", "/memories/users/lead/nope.md"},
+                "/memories/users/lead/nope.md: ");
+  CommandResult r =
+      As(lead, {"cat", "/memories/users/lead/a.md", "--version", "0"});
+  EXPECT_NE(r.exit_status, 0);
+  EXPECT_TRUE(Contains(r.output,
+                       "give a version number as `agentvfs "
+                       "history` lists them (1, 2, ...), not '0'"))
+      << r.output;
+  // Teams: no silent no-op, no team made by a typo.
+  ExpectRefused(lead, {"team", "add", "eng"}, "team 'eng' exists");
+  ExpectRefused(lead, {"team", "member", "add", "engg", "dev"},
+                "no team 'engg'; add it with `agentvfs team add engg`");
+  EXPECT_FALSE(Contains(MustAs(lead, {"user", "list"}), "engg"));
+  // A grant is echoed as stored.
+  EXPECT_EQ(MustAs(lead, {"grant", "read", "/skills/../memories/org/x", "--to",
+                          "user:dev"}),
+            "granted read on /memories/org/x to user:dev\n");
+  // Token files: blanks around the token are not part of it; a file with
+  // no token, or a directory, says so.
+  const std::string tok = work_->Sub("dev.token");
+  ASSERT_TRUE(WriteFile(tok, "  " + dev + "\t\n", 0600));
+  r = Cli({"skills", "list", "--store", db_, "--token-file", tok});
+  EXPECT_EQ(r.exit_status, 0) << r.output;
+  ASSERT_TRUE(WriteFile(tok, "\n" + dev + "\n", 0600));
+  r = Cli({"skills", "list", "--store", db_, "--token-file", tok});
+  EXPECT_TRUE(Contains(r.output, "holds no token on its first line"))
+      << r.output;
+  r = Cli({"skills", "list", "--store", db_, "--token-file", work_->path()});
+  EXPECT_TRUE(Contains(r.output, "(a directory)")) << r.output;
+  ASSERT_TRUE(WriteFile(tok, dev + "\n", 0644));
+  ASSERT_EQ(chmod(tok.c_str(), 0644), 0);
+  r = Cli({"skills", "list", "--store", db_, "--token-file", tok});
+  EXPECT_EQ(r.exit_status, 0) << r.output;
+  EXPECT_TRUE(Contains(r.output, "can be read by others (mode 644)"))
+      << r.output;
+}
+
+// A skills import the user may not write in full imports nothing (before,
+// the skills before the refused one went in); descriptions reach the
+// terminal without control characters.
+TEST_F(StoreCliTest, SkillsImportChecksEveryPlaceFirst) {
+  const std::string lead = Init();
+  const std::string dev = AddUser(lead, "dev");
+  namespace fs = std::filesystem;
+  const std::string root = work_->Sub("two");
+  fs::create_directories(root + "/gamma");
+  fs::create_directories(root + "/zeta");
+  ASSERT_TRUE(WriteFile(root + "/gamma/SKILL.md",
+                        "---\nname: gamma\ndescription: \"G \\e[2J\\e[31m"
+                        "red\"\n---\n"));
+  ASSERT_TRUE(WriteFile(root + "/zeta/SKILL.md",
+                        "---\nname: zeta\ndescription: Z\n---\n"));
+  MustAs(lead, {"grant", "write", "/skills/gamma", "--to", "user:dev"});
+  ExpectRefused(dev, {"skills", "import", root},
+                "may not write /skills/zeta; nothing was imported");
+  EXPECT_EQ(MustAs(dev, {"skills", "list"}), "");
+  std::string out = MustAs(lead, {"skills", "import", root});
+  EXPECT_EQ(out, "imported gamma: G ?[2J?[31mred\nimported zeta: Z\n");
+  EXPECT_EQ(MustAs(dev, {"skills", "list"}),
+            "gamma: G ?[2J?[31mred\nzeta: Z\n");
 }
 
 }  // namespace
