@@ -21,10 +21,10 @@ namespace {
 // `s` as one shell word: as it is when it holds only safe characters, else
 // in single quotes.
 std::string ShellQuoted(const std::string& s) {
-  if (!s.empty() && s.find_first_not_of("abcdefghijklmnopqrstuvwxyz"
-                                        "ABCDEFGHIJKLMNOPQRSTUVWXYZ"
-                                        "0123456789_-./:@%+,") ==
-                        std::string::npos)
+  if (!s.empty() &&
+      s.find_first_not_of("abcdefghijklmnopqrstuvwxyz"
+                          "ABCDEFGHIJKLMNOPQRSTUVWXYZ"
+                          "0123456789_-./:@%+,") == std::string::npos)
     return s;
   std::string out = "'";
   for (char c : s) {
@@ -49,8 +49,9 @@ vfs::Status PrintToken(const std::string& user, const std::string& token) {
 
 // For a token already committed whose line did not reach the user.
 vfs::Status TokenLost(const vfs::Error& e, const std::string& user) {
-  return vfs::Fail(e.code, e.message + ", so it is lost; make a new one with "
-                                       "`agentvfs user token " +
+  return vfs::Fail(e.code, e.message +
+                               ", so it is lost; make a new one with "
+                               "`agentvfs user token " +
                                user + "` (the lost one will stop working)");
 }
 
@@ -60,16 +61,15 @@ int RunInit(const StoreFlags& flags, const std::string& admin) {
   // The token is printed inside init's transaction: if it cannot be
   // written, no store is made (a store whose only admin has no token could
   // never be used, and init refuses a store that has users).
-  auto token = store::InitStore(*name, admin, [&](const std::string& t) {
-    return PrintToken(admin, t);
-  });
+  auto token = store::InitStore(
+      *name, admin, [&](const std::string& t) { return PrintToken(admin, t); });
   if (!token) return Report("init", token.error());
   std::cerr << "Store " << store::DisplayName(*name) << " is ready; " << admin
             << " is its admin. Use the token without putting it on a command "
                "line:\n"
             << "  export AGENTVFS_TOKEN=<the token above>\n"
-            << "  export AGENTVFS_STORE=" << ShellQuoted(store::DisplayName(*name))
-            << "\n"
+            << "  export AGENTVFS_STORE="
+            << ShellQuoted(store::DisplayName(*name)) << "\n"
             << "or keep it in a file only you can read and pass "
                "--token-file FILE.\n";
   if (store::DisplayName(*name) != *name) {

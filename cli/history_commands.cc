@@ -94,7 +94,8 @@ CLI::Validator VersionNumber() {
       [](std::string& text) -> std::string {
         if (text.empty() ||
             text.find_first_not_of("0123456789") != std::string::npos ||
-            text.find_first_not_of('0') == std::string::npos || text.size() > 18)
+            text.find_first_not_of('0') == std::string::npos ||
+            text.size() > 18)
           return "give a version number as `agentvfs history` "
                  "lists them (1, 2, ...), not '" +
                  text + "'";

@@ -1,7 +1,6 @@
 // The `agentvfs` command line: parses arguments and hands each subcommand to
 // the library code that does the work.
 #include <CLI/CLI.hpp>
-
 #include <cstdio>
 #include <iostream>
 

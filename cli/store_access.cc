@@ -79,11 +79,11 @@ vfs::Result<std::string> ResolveToken(const StoreFlags& flags) {
   if (from_file) {
     struct stat st {};
     if (::stat(flags.token_file.c_str(), &st) != 0 || !S_ISREG(st.st_mode)) {
-      return vfs::Fail(EACCES, "cannot read the token file " +
-                                   flags.token_file +
-                                   (S_ISDIR(st.st_mode) ? " (a directory)" : "") +
-                                   "; --token-file wants a file holding the "
-                                   "token on its first line");
+      return vfs::Fail(EACCES,
+                       "cannot read the token file " + flags.token_file +
+                           (S_ISDIR(st.st_mode) ? " (a directory)" : "") +
+                           "; --token-file wants a file holding the "
+                           "token on its first line");
     }
     std::ifstream in(flags.token_file);
     if (!in) {
@@ -95,8 +95,7 @@ vfs::Result<std::string> ResolveToken(const StoreFlags& flags) {
       std::cerr << "agentvfs: warning: the token file " << flags.token_file
                 << " can be read by others (mode " << std::oct
                 << (st.st_mode & 0777) << std::dec
-                << "); make it private: chmod 600 " << flags.token_file
-                << "\n";
+                << "); make it private: chmod 600 " << flags.token_file << "\n";
     }
   } else if (const char* env = std::getenv("AGENTVFS_TOKEN"); env && *env) {
     token = env;
