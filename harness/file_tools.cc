@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <functional>
 #include <sstream>
+#include <string_view>
 #include <vector>
 
 namespace agentvfs::harness {
@@ -29,13 +30,16 @@ vfs::Result<std::string> StringField(const json& input, const char* key) {
   return it->get<std::string>();
 }
 
+// `cat -n` of the lines in [begin, end) of `text`, numbered from
+// `first_line`; stops once the output is over `budget` bytes.
 std::string NumberedLines(const std::string& text, int64_t first_line,
-                          size_t begin = 0, size_t end = std::string::npos) {
+                          size_t begin = 0, size_t end = std::string::npos,
+                          size_t budget = std::string::npos) {
   std::string out;
   int64_t n = first_line;
   size_t pos = begin;
   end = std::min(end, text.size());
-  while (pos < end) {
+  while (pos < end && out.size() <= budget) {
     size_t nl = text.find('\n', pos);
     size_t stop = nl == std::string::npos || nl >= end ? end : nl;
     char num[32];
@@ -48,17 +52,22 @@ std::string NumberedLines(const std::string& text, int64_t first_line,
   return out;
 }
 
-// Offsets of the starts of lines: starts[i] is where line i+1 begins.
-std::vector<size_t> LineStarts(const std::string& text) {
-  std::vector<size_t> starts = {0};
-  for (size_t i = 0; i < text.size(); ++i)
-    if (text[i] == '\n' && i + 1 < text.size()) starts.push_back(i + 1);
-  return starts;
-}
-
+// Lines of `text`: a last line without its newline counts.
 int64_t LineCount(const std::string& text) {
   if (text.empty()) return 0;
-  return static_cast<int64_t>(LineStarts(text).size());
+  int64_t n = std::count(text.begin(), text.end(), '\n');
+  return text.back() == '\n' ? n : n + 1;
+}
+
+// Where line `n` (1-based) of `text` starts; text.size() past the last.
+size_t LineOffset(const std::string& text, int64_t n) {
+  size_t at = 0;
+  for (int64_t line = 1; line < n; ++line) {
+    size_t nl = text.find('\n', at);
+    if (nl == std::string::npos || nl + 1 >= text.size()) return text.size();
+    at = nl + 1;
+  }
+  return at;
 }
 
 // At most this many match lines are listed when old_str is not unique.
@@ -75,16 +84,17 @@ std::string Quoted(const std::string& s) {
          " more bytes]";
 }
 
-// `cat -n` of lines [from, to] of `text` (1-based, clamped).
-std::string Snippet(const std::string& text, int64_t from, int64_t to) {
-  auto starts = LineStarts(text);
-  int64_t lines = static_cast<int64_t>(starts.size());
+// `cat -n` of lines [from, to] of `text` (1-based, clamped), stopping once
+// over `budget` bytes.
+std::string Snippet(const std::string& text, int64_t from, int64_t to,
+                    size_t budget = std::string::npos) {
+  int64_t lines = LineCount(text);
   from = std::max<int64_t>(1, from);
   to = std::min(lines, to);
   if (text.empty() || from > to) return "";
-  size_t begin = starts[from - 1];
-  size_t end = to < lines ? starts[to] - 1 : text.size();
-  return NumberedLines(text, from, begin, end);
+  size_t begin = LineOffset(text, from);
+  size_t end = to < lines ? LineOffset(text, to + 1) - 1 : text.size();
+  return NumberedLines(text, from, begin, end, budget);
 }
 
 std::string HumanSize(uint64_t n) {
@@ -106,6 +116,41 @@ std::string HumanSize(uint64_t n) {
 const vfs::Path& MemoriesRoot() {
   static const vfs::Path root = *vfs::Path::Parse("/memories");
   return root;
+}
+
+const vfs::Path& WorkspaceRoot() {
+  static const vfs::Path root = *vfs::Path::Parse("/workspace");
+  return root;
+}
+
+// The workspace backend names a file from its own root ("open /notes.txt:
+// ..."); the model knows it as /workspace/notes.txt. Each whole occurrence
+// of the inner path in `message` (between spaces, quotes, brackets or a
+// colon) becomes the path the model used; anything else, such as the host
+// path a symlink names, stays as it is.
+std::string AsTheModelSeesIt(std::string message, const vfs::Path& path) {
+  if (!path.HasPrefix(WorkspaceRoot())) return message;
+  const std::string inner = path.StripPrefix(WorkspaceRoot()).str();
+  const std::string outer = path.str();
+  auto opens = [&](size_t at) {
+    return at == 0 || std::string_view(" '\"(`").find(message[at - 1]) !=
+                          std::string_view::npos;
+  };
+  auto closes = [&](size_t end) {
+    return end == message.size() ||
+           std::string_view(" '\"`:,;)").find(message[end]) !=
+               std::string_view::npos;
+  };
+  for (size_t at = message.find(inner); at != std::string::npos;
+       at = message.find(inner, at)) {
+    if (opens(at) && closes(at + inner.size())) {
+      message.replace(at, inner.size(), outer);
+      at += outer.size();
+    } else {
+      ++at;
+    }
+  }
+  return message;
 }
 
 }  // namespace
@@ -165,15 +210,26 @@ ToolResult FileTools::Run(const json& input, bool memory) {
     if (!p) return bad(p.error().message);
     return View(*p, input);
   }
+  // A path that ends in '/' names a directory: never a file to write.
+  auto file_path = [&](const char* key) -> vfs::Result<vfs::Path> {
+    auto p = parse(key);
+    if (!p) return p;
+    const std::string text = *StringField(input, key);
+    if (text.size() > 1 && text.back() == '/')
+      return Fail(EINVAL, "`" + std::string(key) + "` '" + text +
+                              "' ends with '/', which names a directory; "
+                              "give the path of a file");
+    return p;
+  };
   if (*command == "create") {
-    auto p = parse("path");
+    auto p = file_path("path");
     if (!p) return bad(p.error().message);
     auto text = StringField(input, "file_text");
     if (!text) return bad(text.error().message);
     return Create(*p, *text, memory);
   }
   if (*command == "str_replace") {
-    auto p = parse("path");
+    auto p = file_path("path");
     if (!p) return bad(p.error().message);
     auto old_str = StringField(input, "old_str");
     if (!old_str) return bad(old_str.error().message);
@@ -186,7 +242,7 @@ ToolResult FileTools::Run(const json& input, bool memory) {
     return StrReplace(*p, *old_str, new_str);
   }
   if (*command == "insert") {
-    auto p = parse("path");
+    auto p = file_path("path");
     if (!p) return bad(p.error().message);
     auto line = input.find("insert_line");
     if (line == input.end() || !line->is_number_integer())
@@ -214,11 +270,18 @@ ToolResult FileTools::Run(const json& input, bool memory) {
                      : "view, create, str_replace or insert"));
 }
 
-ToolResult FileTools::Failure(const vfs::Error& e,
-                              const vfs::Path& path) const {
-  std::string text = "Error: " + e.message;
-  if (e.message.empty()) text += vfs::ErrnoName(e.code) + " on " + path.str();
-  if (e.code == ESTALE || e.code == EBUSY)
+ToolResult FileTools::Failure(const vfs::Error& e, const vfs::Path& path,
+                              const vfs::Path* other) const {
+  std::string message = AsTheModelSeesIt(e.message, path);
+  if (other != nullptr) message = AsTheModelSeesIt(message, *other);
+  std::string text = "Error: " + message;
+  if (message.empty()) text += vfs::ErrnoName(e.code) + " on " + path.str();
+  // A write conflict in the store (another session writes the file, or
+  // committed since it was read); not the EBUSY of a mount point.
+  const bool conflict = e.code == ESTALE ||
+                        (e.code == EBUSY && !path.HasPrefix(WorkspaceRoot()) &&
+                         message.find("mount point") == std::string::npos);
+  if (conflict)
     text += ". Your change was not saved. View " + path.str() +
             " again to see the current content, then redo the change.";
   return {text, true};
@@ -381,6 +444,7 @@ ToolResult FileTools::View(const vfs::Path& path, const json& input) {
       std::sort(entries->begin(), entries->end(),
                 [](const auto& a, const auto& b) { return a.name < b.name; });
       for (const auto& e : *entries) {
+        if (listing.size() > kMaxViewBytes) return;  // cut below anyway
         if (e.name.empty() || e.name[0] == '.' || e.name == "node_modules")
           continue;
         auto child = dir.Child(e.name);
@@ -429,7 +493,7 @@ ToolResult FileTools::View(const vfs::Path& path, const json& input) {
                   std::to_string(lines) + " lines",
               true};
   }
-  std::string body = Snippet(*data, from, to);
+  std::string body = Snippet(*data, from, to, kMaxViewBytes);
   if (body.size() > kMaxViewBytes) {
     body.resize(kMaxViewBytes);
     size_t nl = body.rfind('\n');
@@ -570,10 +634,9 @@ ToolResult FileTools::Insert(const vfs::Path& path, int64_t line,
                     " lines; 0 inserts at the top)";
           return Fail(ECANCELED, *refusal);
         }
-        auto starts = LineStarts(data);
-        size_t at = line == 0                                    ? 0
-                    : line < static_cast<int64_t>(starts.size()) ? starts[line]
-                                                                 : data.size();
+        // After line `line`: where line `line` + 1 starts (the end when
+        // there is none).
+        size_t at = LineOffset(data, line + 1);
         std::string piece = text;
         if (!piece.empty() && piece.back() != '\n') piece += '\n';
         std::string head = data.substr(0, at);
@@ -598,25 +661,41 @@ ToolResult FileTools::Insert(const vfs::Path& path, int64_t line,
           false};
 }
 
-vfs::Status FileTools::RemoveTree(const vfs::Path& path) {
+vfs::Status FileTools::RemoveTree(const vfs::Path& path, size_t* removed) {
   auto st = router_.Stat(caller_, path);
   if (!st) return std::unexpected(st.error());
-  if (!S_ISDIR(st->st_mode)) return router_.Unlink(caller_, path);
+  if (!S_ISDIR(st->st_mode)) {
+    auto ok = router_.Unlink(caller_, path);
+    if (ok) ++*removed;
+    return ok;
+  }
   auto entries = router_.ReadDir(caller_, path);
   if (!entries) return std::unexpected(entries.error());
   for (const auto& e : *entries) {
     auto child = path.Child(e.name);
     if (!child) return std::unexpected(child.error());
-    if (auto ok = RemoveTree(*child); !ok) return ok;
+    if (auto ok = RemoveTree(*child, removed); !ok) return ok;
   }
-  return router_.Rmdir(caller_, path);
+  auto ok = router_.Rmdir(caller_, path);
+  if (ok) ++*removed;
+  return ok;
 }
 
 ToolResult FileTools::Delete(const vfs::Path& path) {
   if (path == MemoriesRoot())
     return {"Error: /memories itself cannot be deleted; delete what is in it",
             true};
-  if (auto ok = RemoveTree(path); !ok) return Failure(ok.error(), path);
+  size_t removed = 0;
+  if (auto ok = RemoveTree(path, &removed); !ok) {
+    ToolResult r = Failure(ok.error(), path);
+    // A folder is emptied before it is removed: say what is gone already.
+    if (removed > 0)
+      r.text += " (" + std::to_string(removed) + " entr" +
+                (removed == 1 ? "y" : "ies") + " inside " + path.str() +
+                " were deleted before this; view it to see "
+                "what is left)";
+    return r;
+  }
   return {"Successfully deleted " + path.str(), false};
 }
 
@@ -628,7 +707,7 @@ ToolResult FileTools::Rename(const vfs::Path& from, const vfs::Path& to) {
             true};
   if (auto ok = MakeParents(to); !ok) return Failure(ok.error(), to);
   if (auto ok = router_.Rename(caller_, from, to, RENAME_NOREPLACE); !ok)
-    return Failure(ok.error(), from);
+    return Failure(ok.error(), from, &to);
   return {"Successfully renamed " + from.str() + " to " + to.str(), false};
 }
 

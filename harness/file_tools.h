@@ -76,8 +76,11 @@ class FileTools {
                          const std::string& content,
                          const std::string* original, bool report_kept);
   vfs::Status MakeParents(const vfs::Path& path);
-  vfs::Status RemoveTree(const vfs::Path& path);
-  ToolResult Failure(const vfs::Error& e, const vfs::Path& path) const;
+  // Removes `path` and all below it, counting what it removed in *removed.
+  vfs::Status RemoveTree(const vfs::Path& path, size_t* removed);
+  // An error result for a call on `path` (and `other`, for a rename).
+  ToolResult Failure(const vfs::Error& e, const vfs::Path& path,
+                     const vfs::Path* other = nullptr) const;
 
   vfs::Backend& router_;
   vfs::Caller caller_;

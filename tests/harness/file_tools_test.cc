@@ -4,10 +4,12 @@
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <fstream>
 
 #include "backends/local_dir/local_dir.h"
+#include "backends/store/admin.h"
 #include "backends/store/skills.h"
 #include "harness/prompt.h"
 #include "tests/support/files.h"
@@ -311,6 +313,65 @@ TEST_F(FileToolsTest, MalformedInputBecomesAnErrorResult) {
     EXPECT_TRUE(r.is_error) << bad.dump();
     EXPECT_THAT(r.text, HasSubstr("Error: ")) << bad.dump();
   }
+}
+
+// Errors name files as the model knows them (/workspace/...), never as
+// the workspace backend does from its own root; a symlink's target is
+// shown as it is.
+TEST_F(FileToolsTest, ErrorsNameTheWorkspacePathsTheModelUsed) {
+  auto r = Edit({{"command", "view"}, {"path", "/workspace/missing.txt"}});
+  EXPECT_TRUE(r.is_error);
+  EXPECT_THAT(r.text, HasSubstr("/workspace/missing.txt"));
+  EXPECT_THAT(r.text, Not(HasSubstr(" /missing.txt")));
+  r = Edit({{"command", "create"},
+            {"path", "/workspace/nodir/x.txt"},
+            {"file_text", "x"}});
+  EXPECT_TRUE(r.is_error);
+  EXPECT_THAT(r.text, HasSubstr("/workspace/nodir/x.txt"));
+  EXPECT_THAT(r.text, Not(HasSubstr(" /nodir/x.txt")));
+  ASSERT_EQ(symlink("/etc/passwd", ws_->Sub("esc").c_str()), 0);
+  r = Edit({{"command", "view"}, {"path", "/workspace/esc"}});
+  EXPECT_TRUE(r.is_error);
+  EXPECT_THAT(r.text, HasSubstr("/workspace/esc"));
+  EXPECT_THAT(r.text, Not(HasSubstr("/workspace/etc/passwd")));
+  r = Edit({{"command", "create"}, {"path", "/workspace"}, {"file_text", "x"}});
+  EXPECT_TRUE(r.is_error);
+  EXPECT_THAT(r.text, Not(HasSubstr(" /:"))) << r.text;
+  // A mount point's EBUSY is no write conflict: no advice to redo.
+  r = Mem({{"command", "rename"},
+           {"old_path", "/memories"},
+           {"new_path", "/memories/users/alice/m"}});
+  EXPECT_TRUE(r.is_error);
+  EXPECT_THAT(r.text, HasSubstr("mount point"));
+  EXPECT_THAT(r.text, Not(HasSubstr("was not saved")));
+  // A file path cannot end with '/'.
+  r = Edit(
+      {{"command", "create"}, {"path", "/workspace/dir/"}, {"file_text", "x"}});
+  EXPECT_TRUE(r.is_error);
+  EXPECT_THAT(r.text, HasSubstr("ends with '/', which names a directory"));
+  EXPECT_NE(access(ws_->Sub("dir").c_str(), F_OK), 0);
+}
+
+// Deleting a folder empties it first: when its removal is then refused
+// (a grant starts there), the result says what is gone already.
+TEST_F(FileToolsTest, AFailedDeleteSaysWhatItDeletedFirst) {
+  auto admin_backend = store_->OpenBackend();
+  vfs::Caller admin = store_->CallerFor("admin", "s-admin");
+  ASSERT_TRUE(store::Grant(admin_backend->engine(), "admin", "/memories/org/a",
+                           store::Subject{"user", "alice"},
+                           store::Level::kWrite));
+  FileTools as_admin(*router_, admin);
+  for (const char* f : {"/memories/org/a/c.md", "/memories/org/a/d.md"})
+    ASSERT_FALSE(
+        as_admin
+            .Memory({{"command", "create"}, {"path", f}, {"file_text", "x"}})
+            .is_error);
+  auto r = Mem({{"command", "delete"}, {"path", "/memories/org/a"}});
+  EXPECT_TRUE(r.is_error);
+  EXPECT_THAT(r.text, HasSubstr("(2 entries inside /memories/org/a were "
+                                "deleted before this"))
+      << r.text;
+  EXPECT_THAT(r.text, Not(HasSubstr("redo the change")));
 }
 
 TEST_F(FileToolsTest, GrantsApplyAsForEveryOtherEntryPoint) {
