@@ -1435,7 +1435,11 @@ Result<std::vector<vfs::DirEntry>> StoreBackend::ReadDir(const Caller& c,
   TRY(Impl::NeedVisible(*policy, path.str()));
   std::vector<vfs::DirEntry> out;
   TRY(engine_->Read([&](Txn& txn) -> Status {
-    TRY_ASSIGN(w, WalkFor(txn, *policy, path.str(), true));
+    // A symlink in the last place is not followed (ENOTDIR), as the
+    // Backend contract and the workspace backend have it: a caller that
+    // checked it lists a directory cannot be led elsewhere by a link put
+    // there meanwhile.
+    TRY_ASSIGN(w, WalkFor(txn, *policy, path.str(), false));
     if (!w.node) return Fail(ENOENT, "no such directory");
     TRY(Impl::NeedVisible(*policy, w.path));
     if (!w.node->IsDir()) return Fail(ENOTDIR, "not a directory");
