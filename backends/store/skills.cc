@@ -549,14 +549,21 @@ Result<std::string> ReadHostPrefix(int dirfd, const std::string& name,
   return text;
 }
 
-Status WriteAllHost(int fd, std::string_view data, const std::string& shown) {
+// `data` at `offset` of the host file `fd`.
+Status PWriteAllHost(int fd, std::string_view data, off_t offset,
+                     const std::string& shown) {
   while (!data.empty()) {
-    ssize_t n = write(fd, data.data(), data.size());
+    ssize_t n = pwrite(fd, data.data(), data.size(), offset);
     if (n < 0 && errno == EINTR) continue;
     if (n < 0) return HostErrno("write", shown);
     data.remove_prefix(static_cast<size_t>(n));
+    offset += n;
   }
   return {};
+}
+
+bool AllZero(std::string_view data) {
+  return std::all_of(data.begin(), data.end(), [](char c) { return c == 0; });
 }
 
 Result<std::string> ReadHostLink(int dirfd, const std::string& name,
@@ -1044,13 +1051,20 @@ class Exporter {
                   S_IRUSR | S_IWUSR));
     if (!out.valid()) return HostErrno("create", shown);
     temp.made();
+    // A piece of zeros is left a hole, so a sparse file stays sparse (the
+    // size is set at the end).
+    off_t size = 0;
     if (auto s = ReadHandle(**handle, buf_, SIZE_MAX,
-                            [&](std::string_view piece) {
-                              return WriteAllHost(out.get(), piece, shown);
+                            [&](std::string_view piece) -> Status {
+                              const off_t at = size;
+                              size += static_cast<off_t>(piece.size());
+                              if (AllZero(piece)) return {};
+                              return PWriteAllHost(out.get(), piece, at, shown);
                             });
         !s) {
       return WithContext(s.error(), "copy " + src.str());
     }
+    if (ftruncate(out.get(), size) != 0) return HostErrno("truncate", shown);
     if (fchmod(out.get(), mode) != 0) return HostErrno("chmod", shown);
     if (futimens(out.get(), times) != 0)
       return HostErrno("set mtime of", shown);

@@ -27,9 +27,11 @@
 // sockets) are refused with EINVAL: ImportTree checks the whole host tree
 // before writing anything, ExportTree stops at the first one it meets (the
 // store cannot hold any). File data moves in pieces of at most
-// kCopyPieceBytes; no file is ever held whole in memory. On the host side
-// every entry is opened relative to its parent directory's fd without
-// following symlinks, so nothing outside the named tree is read or written.
+// kCopyPieceBytes; no file is ever held whole in memory. ExportTree leaves
+// a piece that is all zeros a hole, so a sparse file stays sparse. On the
+// host side every entry is opened relative to its parent directory's fd
+// without following symlinks, so nothing outside the named tree is read or
+// written.
 // The way to the top directory the caller names is looked up as given, but
 // the top itself is never a symlink (ELOOP, naming it): one planted where
 // an agent can write would turn an import or export run as root elsewhere.

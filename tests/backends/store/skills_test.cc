@@ -988,6 +988,32 @@ TEST_F(SkillsTest, ExportOfAFileIsENOTDIR) {
                ENOTDIR);
 }
 
+// Zeros the size of a copy piece are left holes: a sparse file exported
+// stays sparse, with its size and every byte as they were (trailing zeros
+// included).
+TEST_F(SkillsTest, ExportKeepsASparseFileSparse) {
+  ASSERT_EQ(mkdir(store_.Sub("kit").c_str(), 0755), 0);
+  const off_t kSize = off_t{64} << 20;
+  {
+    int fd = open(store_.Sub("kit/disk.img").c_str(),
+                  O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    ASSERT_GE(fd, 0);
+    ASSERT_EQ(pwrite(fd, "head", 4, 0), 4);
+    ASSERT_EQ(pwrite(fd, "middle", 6, kSize / 2), 6);
+    ASSERT_EQ(ftruncate(fd, kSize), 0);  // zeros to the end
+    close(fd);
+  }
+  ASSERT_OK(ExportTree(router_, caller_, P("/skills/kit"), out_.Sub("kit")));
+  struct stat st;
+  ASSERT_EQ(stat(out_.Sub("kit/disk.img").c_str(), &st), 0);
+  EXPECT_EQ(st.st_size, kSize);
+  EXPECT_LT(st.st_blocks * 512, off_t{8} << 20) << "the holes were written";
+  auto back = ReadFile(out_.Sub("kit/disk.img"));
+  ASSERT_TRUE(back.has_value());
+  auto orig = ReadFile(store_.Sub("kit/disk.img"));
+  EXPECT_TRUE(*back == *orig);
+}
+
 TEST_F(SkillsTest, ReadInPiecesDeliversTheWholeFile) {
   std::string data = RandomBytes((size_t{2} << 20) + 5, 3);
   ASSERT_TRUE(WriteFile(store_.Sub("big"), data));
