@@ -429,6 +429,28 @@ vfs::Status FileTools::MakeParents(const vfs::Path& path) {
 ToolResult FileTools::View(const vfs::Path& path, const json& input) {
   auto st = router_.Stat(caller_, path);
   if (!st) return Failure(st.error(), path);
+  // A symlink to a directory is listed as the directory it leads to (one to
+  // a file is read through it below, as open(2) follows it). Each step is
+  // looked up through the router as the user, so a link leads nowhere the
+  // user could not name.
+  vfs::Path dir = path;
+  if (S_ISLNK(st->st_mode)) {
+    vfs::Path at = path;
+    auto now = st;
+    for (int hops = 0; hops < 40 && now && S_ISLNK(now->st_mode); ++hops) {
+      auto target = router_.Readlink(caller_, at);
+      if (!target || target->empty()) break;
+      auto next = vfs::Path::Parse(
+          (*target)[0] == '/' ? *target : at.Parent().str() + "/" + *target);
+      if (!next) break;
+      at = *next;
+      now = router_.Stat(caller_, at);
+    }
+    if (now && S_ISDIR(now->st_mode)) {
+      dir = at;
+      st = now;
+    }
+  }
   if (S_ISDIR(st->st_mode)) {
     if (input.contains("view_range"))
       return {"Error: view_range applies to files; " + path.str() +
@@ -457,12 +479,15 @@ ToolResult FileTools::View(const vfs::Path& path, const json& input) {
         if (is_dir && depth < 2) walk(*child, depth + 1);
       }
     };
-    listing = HumanSize(4096) + "\t" + path.str() + "/\n";
-    walk(path, 1);
+    listing = HumanSize(4096) + "\t" + dir.str() + "/\n";
+    walk(dir, 1);
     std::string text =
         "Here are the files and directories up to 2 levels "
         "deep in " +
-        path.str() + ", excluding hidden items and node_modules:\n";
+        dir.str() +
+        (dir == path ? std::string()
+                     : " (" + path.str() + " is a symlink to it)") +
+        ", excluding hidden items and node_modules:\n";
     if (listing.size() > kMaxViewBytes) {
       listing.resize(kMaxViewBytes);
       listing.resize(listing.rfind('\n') + 1);

@@ -352,6 +352,26 @@ TEST_F(FileToolsTest, ErrorsNameTheWorkspacePathsTheModelUsed) {
   EXPECT_NE(access(ws_->Sub("dir").c_str(), F_OK), 0);
 }
 
+// A symlink to a directory is listed as its directory; one that leads out
+// of the view is refused as before.
+TEST_F(FileToolsTest, ViewListsTheDirectoryASymlinkLeadsTo) {
+  ASSERT_EQ(mkdir(ws_->Sub("real").c_str(), 0755), 0);
+  std::ofstream(ws_->Sub("real/a.txt")) << "a\n";
+  ASSERT_EQ(symlink("real", ws_->Sub("link").c_str()), 0);
+  ASSERT_EQ(symlink("link", ws_->Sub("link2").c_str()), 0);
+  for (const char* p : {"/workspace/link", "/workspace/link2"}) {
+    auto r = Edit({{"command", "view"}, {"path", p}});
+    EXPECT_FALSE(r.is_error) << r.text;
+    EXPECT_THAT(r.text, HasSubstr("in /workspace/real (" + std::string(p) +
+                                  " is a symlink to it)"));
+    EXPECT_THAT(r.text, HasSubstr("/workspace/real/a.txt"));
+  }
+  ASSERT_EQ(symlink("/etc", ws_->Sub("out").c_str()), 0);
+  auto r = Edit({{"command", "view"}, {"path", "/workspace/out"}});
+  EXPECT_TRUE(r.is_error);
+  EXPECT_THAT(r.text, Not(HasSubstr("passwd")));
+}
+
 // Deleting a folder empties it first: when its removal is then refused
 // (a grant starts there), the result says what is gone already.
 TEST_F(FileToolsTest, AFailedDeleteSaysWhatItDeletedFirst) {
