@@ -17,6 +17,7 @@
 #include <thread>
 
 #include "backends/sandbox/sandbox.h"
+#include "cli/signal_guard.h"
 #include "cli/store_access.h"
 #include "router/router.h"
 
@@ -56,58 +57,6 @@ vfs::Result<sandbox::Limits> LimitsFrom(const ExecArgs& a, bool interactive) {
   return l;
 }
 
-// Blocks the signals a session must survive long enough to clean up; a
-// thread waits for them and kills the sandbox, so the command returns and
-// the session ends with nothing left behind.
-class SignalGuard {
- public:
-  SignalGuard() {
-    sigset_t set;
-    sigemptyset(&set);
-    for (int s : {SIGINT, SIGTERM, SIGHUP, SIGWINCH, SIGUSR2})
-      sigaddset(&set, s);
-    pthread_sigmask(SIG_BLOCK, &set, &old_);
-    sigset_t winch;
-    sigemptyset(&winch);
-    sigaddset(&winch, SIGWINCH);
-    winch_fd_ = signalfd(-1, &winch, SFD_CLOEXEC | SFD_NONBLOCK);
-    thread_ = std::thread([this] {
-      sigset_t wait;
-      sigemptyset(&wait);
-      for (int s : {SIGINT, SIGTERM, SIGHUP, SIGUSR2}) sigaddset(&wait, s);
-      int sig = 0;
-      while (sigwait(&wait, &sig) == 0) {
-        if (sig == SIGUSR2 && stopping_) return;
-        got_ = sig;
-        std::lock_guard lock(mu_);
-        if (target_ != nullptr) target_->Kill();
-      }
-    });
-  }
-  ~SignalGuard() {
-    stopping_ = true;
-    pthread_kill(thread_.native_handle(), SIGUSR2);
-    thread_.join();
-    if (winch_fd_ >= 0) close(winch_fd_);
-    pthread_sigmask(SIG_SETMASK, &old_, nullptr);
-  }
-  int winch_fd() const { return winch_fd_; }
-  int signal() const { return got_; }
-  // The sandbox a signal stops (null: none; set to null before it goes).
-  void SetTarget(sandbox::Sandbox* target) {
-    std::lock_guard lock(mu_);
-    target_ = target;
-  }
-
- private:
-  std::mutex mu_;  // guards target_
-  sandbox::Sandbox* target_ = nullptr;
-  sigset_t old_;
-  int winch_fd_ = -1;
-  std::atomic<bool> stopping_{false};
-  std::atomic<int> got_{0};
-  std::thread thread_;
-};
 
 int RunInSandbox(const ExecArgs& a, bool interactive) {
   const char* cmd_name = interactive ? "shell" : "exec";

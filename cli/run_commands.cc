@@ -16,6 +16,7 @@
 
 #include "backends/local_dir/local_dir.h"
 #include "backends/sandbox/sandbox.h"
+#include "cli/signal_guard.h"
 #include "cli/store_access.h"
 #include "harness/agent.h"
 #include "harness/prompt.h"
@@ -174,6 +175,21 @@ int Drive(const RunArgs& a, bool resume) {
   if (auto ok = router->Mount("/workspace", router->Adopt(std::move(*ws))); !ok)
     return Report(cmd, ok.error());
 
+  // Signals are blocked before the sandbox starts its threads: a stop
+  // request ends the running command, the loop records the session as
+  // interrupted (resumable), and the sandbox and view are closed.
+  SignalGuard signals;
+  signals.OnSignal([](int sig) { harness::Interrupt(sig); });
+  sandbox::SandboxOptions so;
+  so.workspace = workspace;
+  so.view = router.get();
+  so.identity = session->caller;
+  so.secret_paths = SecretFiles(a.store);
+  auto sb = sandbox::Sandbox::Create(so);
+  if (!sb) return Report(cmd, sb.error());
+  signals.SetTarget(sb->get());
+  // Recorded only once the session can run: a set-up that fails leaves no
+  // session behind that could not be resumed.
   if (!resume) {
     info.id = session->caller.session;
     info.user = session->caller.user;
@@ -183,15 +199,12 @@ int Drive(const RunArgs& a, bool resume) {
                    {"provider", client_config.provider},
                    {"model", client_config.model},
                    {"base_url", client_config.base_url}};
-    if (auto ok = log.Create(info); !ok) return Report(cmd, ok.error());
+    if (auto ok = log.Create(info); !ok) {
+      signals.SetTarget(nullptr);
+      (*sb)->Close();
+      return Report(cmd, ok.error());
+    }
   }
-  sandbox::SandboxOptions so;
-  so.workspace = workspace;
-  so.view = router.get();
-  so.identity = session->caller;
-  so.secret_paths = SecretFiles(a.store);
-  auto sb = sandbox::Sandbox::Create(so);
-  if (!sb) return Report(cmd, sb.error());
   harness::FileTools files(*router, session->caller);
   sandbox::Limits limits;
   limits.timeout_s = a.command_timeout;
@@ -207,19 +220,22 @@ int Drive(const RunArgs& a, bool resume) {
             << client_config.model << "\n";
   harness::Agent agent(**client, files, bash, log, info, options);
   auto out = resume ? agent.Resume() : agent.Start(a.task);
+  signals.SetTarget(nullptr);
   (*sb)->Close();
   if (!out) return Report(cmd, out.error());
   if (a.json_events) {
     if (auto events = log.Events(info.user, info.id))
       for (const auto& e : *events) std::cout << EventLine(e) << "\n";
   } else if (!out->final_text.empty()) {
-    std::cout << "\n" << out->final_text << "\n";
+    std::cout << "\n" << harness::TerminalText(out->final_text) << "\n";
   }
   const auto& s = agent.session();
   std::cerr << "agentvfs " << cmd << ": " << out->state << " (" << out->reason
             << "); " << s.steps << " steps, " << s.input_tokens << " in, "
             << s.output_tokens << " out, " << Dollars(s.cost_micros)
             << "; session " << s.id << "\n";
+  if (out->state == "interrupted" && signals.signal() > 0)
+    return 128 + signals.signal();
   return out->state == "done" ? 0 : (out->state == "budget" ? 3 : 1);
 }
 
@@ -288,7 +304,7 @@ int Show(const RunArgs& a) {
             line += d.dump(-1, ' ', false,
                            nlohmann::json::error_handler_t::replace);
           }
-          std::cout << line << "\n";
+          std::cout << harness::TerminalText(line) << "\n";
         }
         return {};
       });

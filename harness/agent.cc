@@ -5,8 +5,10 @@
 
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <fstream>
 #include <map>
+#include <set>
 #include <sstream>
 #include <thread>
 
@@ -29,13 +31,15 @@ std::string Short(std::string s, size_t n = 60) {
 // backslash doubled, so a written "\n" never looks like a line break. Raw, a
 // model's command could carry "\r\x1b[2K" and make an approval prompt or a
 // progress line show something other than what runs.
-std::string Printable(const std::string& s) {
+std::string Printable(const std::string& s, bool keep_lines = false) {
   std::string out;
   out.reserve(s.size());
   char hex[8];
   for (size_t i = 0; i < s.size(); ++i) {
     const unsigned char c = static_cast<unsigned char>(s[i]);
-    if (c == '\\') {
+    if (keep_lines && (c == '\n' || c == '\t')) {
+      out += static_cast<char>(c);
+    } else if (c == '\\') {
       out += "\\\\";  // so that "\\n" is never taken for a newline
     } else if (c == '\n') {
       out += "\\n";
@@ -140,6 +144,12 @@ const char* const kInterrupted =
 
 }  // namespace
 
+bool OwnerAlive(const std::string& stamp);  // below
+
+std::string TerminalText(const std::string& s) {
+  return Printable(s, /*keep_lines=*/true);
+}
+
 std::vector<ToolSpec> AgentTools() {
   json path = {{"type", "string"},
                {"description", "Absolute path, e.g. /workspace/a.py"}};
@@ -202,10 +212,7 @@ void Agent::Progress(const std::string& line) {
 
 std::optional<std::string> Agent::BudgetReached() const {
   const Budget& b = options_.budget;
-  auto elapsed = elapsed_before_ms_ +
-                 std::chrono::duration_cast<std::chrono::milliseconds>(
-                     std::chrono::steady_clock::now() - run_started_)
-                     .count();
+  auto elapsed = ElapsedMs();
   if (b.steps > 0 && session_.steps >= b.steps)
     return "step budget reached (" + std::to_string(session_.steps) +
            " model calls); resume with a larger --max-steps";
@@ -234,10 +241,7 @@ vfs::Result<Outcome> Agent::Stop(const std::string& state,
                                  const std::string& final_text) {
   session_.state = state;
   session_.reason = reason;
-  session_.elapsed_ms = elapsed_before_ms_ +
-                        std::chrono::duration_cast<std::chrono::milliseconds>(
-                            std::chrono::steady_clock::now() - run_started_)
-                            .count();
+  session_.elapsed_ms = ElapsedMs();
   if (auto ok = log_.Append(session_.id, "stopped",
                             {{"state", state}, {"reason", reason}});
       !ok)
@@ -246,7 +250,7 @@ vfs::Result<Outcome> Agent::Stop(const std::string& state,
   return Outcome{state, reason, final_text};
 }
 
-ToolResult Agent::RunTool(const ContentBlock& call) {
+std::optional<ToolResult> Agent::Approve(const ContentBlock& call) {
   const std::string arg = Argument(call);
   for (const auto& rule : options_.approvals) {
     if (!rule.tool.empty() && rule.tool != call.name) continue;
@@ -263,15 +267,22 @@ ToolResult Agent::RunTool(const ContentBlock& call) {
     std::optional<bool> yes;
     if (options_.approve) yes = options_.approve(summary);
     if (!yes) yes = WaitForApproval(call.id, summary);
+    // Stopped while waiting: neither approved nor denied (a resume asks
+    // again).
+    if (Interrupted()) return ToolResult{kInterrupted, true};
     (void)log_.Append(session_.id, *yes ? "approved" : "denied",
                       {{"id", call.id}, {"summary", summary}});
     if (!*yes)
-      return {"A person denied this call (" + Short(summary, 200) +
-                  "). Do not retry it; continue another way or explain what "
-                  "you need.",
-              true};
+      return ToolResult{"A person denied this call (" + Short(summary, 200) +
+                            "). Do not retry it; continue another way or "
+                            "explain what you need.",
+                        true};
     break;
   }
+  return std::nullopt;
+}
+
+ToolResult Agent::RunTool(const ContentBlock& call) {
   try {
     if (call.name == "bash") return bash_.Run(call.input);
     if (call.name == "str_replace_based_edit_tool")
@@ -307,7 +318,8 @@ bool Agent::WaitForApproval(const std::string& call_id,
                   std::chrono::milliseconds(
                       static_cast<int64_t>(options_.approval_timeout_s * 1000));
   std::optional<bool> answer;
-  while (!answer && std::chrono::steady_clock::now() < deadline) {
+  while (!answer && std::chrono::steady_clock::now() < deadline &&
+         !Interrupted()) {
     if (auto events = log_.Events(session_.user, session_.id)) {
       for (const auto& e : *events)
         if (e.seq > *asked && e.kind == "approval" &&
@@ -337,6 +349,18 @@ vfs::Status RecordApproval(SessionLog& log, const std::string& user,
     return Fail(ENOENT, "no call '" + call + "' of session " + id +
                             " is waiting for approval; `agentvfs show " + id +
                             "` lists its calls");
+  // An answer only counts for the harness that asked: one that has died
+  // never reads it, and a resumed one asks again.
+  auto info = log.Get(user, id);
+  if (!info) return std::unexpected(info.error());
+  const json owner = info->config.value("owner", json());
+  if (info->state != "waiting" || !owner.is_string() ||
+      !OwnerAlive(owner.get<std::string>()))
+    return Fail(ESRCH, "session " + id +
+                           " is no longer waiting (its harness stopped); "
+                           "`agentvfs resume " +
+                           id + "` runs it again and asks for " + call +
+                           " anew");
   auto ok =
       log.Append(id, "approval", {{"id", call}, {"yes", yes}, {"by", user}});
   if (!ok) return std::unexpected(ok.error());
@@ -355,7 +379,31 @@ vfs::Result<Message> Agent::Answer(
     } else if (!run_missing) {
       // An earlier turn of a replayed session: never run now.
       result = {kInterrupted, true};
+    } else if (Interrupted()) {
+      // Not started: a resume runs it (the reply is never sent).
+      result = {kInterrupted, true};
     } else {
+      // Approval first: a call is "started" only once it may run, so a
+      // harness stopped while waiting asks again when resumed.
+      if (auto refused = Approve(b)) {
+        result = std::move(*refused);
+        if (Interrupted()) {  // not recorded: a resume asks again
+          reply.content.push_back(
+              ContentBlock::ToolResult(b.id, result.text, result.is_error));
+          continue;
+        }
+        if (auto ok = log_.Append(session_.id, "tool_finished",
+                                  {{"id", b.id},
+                                   {"name", b.name},
+                                   {"result", result.text},
+                                   {"is_error", true},
+                                   {"not_run", true}});
+            !ok)
+          return std::unexpected(ok.error());
+        reply.content.push_back(
+            ContentBlock::ToolResult(b.id, result.text, result.is_error));
+        continue;
+      }
       if (auto ok =
               log_.Append(session_.id, "tool_started",
                           {{"id", b.id}, {"name", b.name}, {"input", b.input}});
@@ -387,21 +435,74 @@ vfs::Result<Message> Agent::Answer(
   return reply;
 }
 
+vfs::Result<Outcome> Agent::StopInterrupted() {
+  const int sig = Interrupted();
+  Progress("[" + std::to_string(session_.steps) + "] interrupted (" +
+           (sig > 0 ? std::string(strsignal(sig)) : "stopped") + ")");
+  return Stop("interrupted", std::string("interrupted by ") +
+                                 (sig > 0 ? strsignal(sig) : "a stop request") +
+                                 "; `agentvfs resume " + session_.id +
+                                 "` continues");
+}
+
+int64_t Agent::ElapsedMs() const {
+  return elapsed_before_ms_ +
+         std::chrono::duration_cast<std::chrono::milliseconds>(
+             std::chrono::steady_clock::now() - run_started_)
+             .count();
+}
+
 vfs::Result<Outcome> Agent::Loop(std::vector<Message> messages) {
   for (;;) {
+    if (Interrupted()) return StopInterrupted();
     if (auto reached = BudgetReached()) return Stop("budget", *reached);
     ModelRequest req;
     req.system = options_.system_prompt;
     req.messages = messages;
     req.tools = AgentTools();
     req.max_tokens = options_.max_tokens;
+    // The time budget bounds the model call too (its retries included).
+    if (options_.budget.seconds > 0)
+      req.deadline = std::chrono::steady_clock::now() +
+                     std::chrono::milliseconds(static_cast<int64_t>(
+                         options_.budget.seconds * 1000 - ElapsedMs()));
     auto r = model_.Complete(req);
     if (!r) {
       (void)log_.Append(
           session_.id, "model_error",
           {{"errno", r.error().code}, {"message", r.error().message}});
+      if (r.error().code == ECANCELED && Interrupted())
+        return StopInterrupted();
+      if (req.deadline && std::chrono::steady_clock::now() >= *req.deadline)
+        return Stop("budget", "time budget reached (" +
+                                  std::to_string(ElapsedMs() / 1000) +
+                                  " s) while waiting for the model; resume "
+                                  "with a larger --max-seconds");
+      if (r.error().code == EINVAL)  // refused as it is: the same again fails
+        return Stop("failed",
+                    r.error().message + "; `agentvfs resume " + session_.id +
+                        "` sends the same conversation again, so fix the "
+                        "cause first (a model name or setting: resume with "
+                        "other flags; a conversation too long for the "
+                        "model: start a new session)");
       return Stop("failed", r.error().message + "; `agentvfs resume " +
                                 session_.id + "` tries again");
+    }
+    // Every call of a turn needs an id of its own: answers are matched to
+    // calls by id, also when a session is resumed. Some servers send none,
+    // or the same one twice.
+    {
+      std::set<std::string> seen;
+      int n = 0;
+      for (auto& b : r->message.content) {
+        if (b.kind != ContentBlock::Kind::kToolUse) continue;
+        ++n;
+        if (b.id.empty() || !seen.insert(b.id).second) {
+          b.id = "agentvfs_" + std::to_string(session_.steps + 1) + "_" +
+                 std::to_string(n);
+          seen.insert(b.id);
+        }
+      }
     }
     session_.steps += 1;
     session_.input_tokens += r->usage.input_tokens;
@@ -419,6 +520,7 @@ vfs::Result<Outcome> Agent::Loop(std::vector<Message> messages) {
                                {"attempts", r->attempts}});
         !ok)
       return std::unexpected(ok.error());
+    session_.elapsed_ms = ElapsedMs();  // kept if the harness dies
     if (auto ok = log_.Update(session_); !ok)
       return std::unexpected(ok.error());
     messages.push_back(r->message);
@@ -467,6 +569,7 @@ vfs::Result<Outcome> Agent::Loop(std::vector<Message> messages) {
     }
     auto reply = Answer(r->message, {});
     if (!reply) return std::unexpected(reply.error());
+    if (Interrupted()) return StopInterrupted();
     messages.push_back(std::move(*reply));
   }
 }
@@ -554,6 +657,7 @@ vfs::Result<Outcome> Agent::Resume() {
   std::vector<Message> messages;
   std::map<std::string, ToolResult> done;  // results since the last model call
   std::map<std::string, bool> started;
+  std::string last_stop_reason;  // of the last model turn
   for (const auto& e : *events) {
     if (e.kind == "task") {
       messages.push_back(
@@ -569,6 +673,9 @@ vfs::Result<Outcome> Agent::Resume() {
       started.clear();
       auto m = MessageFromJson(e.data.value("message", json()));
       if (!m) return std::unexpected(m.error());
+      if (auto sr = e.data.find("stop_reason");
+          sr != e.data.end() && sr->is_string())
+        last_stop_reason = sr->get<std::string>();
       // Calls of an output cut at max_tokens were never run, and never
       // are (logs written before their answers were recorded).
       if (e.data.value("stop_reason", json()) == "max_tokens")
@@ -591,16 +698,23 @@ vfs::Result<Outcome> Agent::Resume() {
         last.content.begin(), last.content.end(),
         [](const auto& b) { return b.kind == ContentBlock::Kind::kToolUse; });
     if (!calls) {
-      // The model had finished; the harness stopped before recording it.
       std::string text;
       for (const auto& b : last.content)
         if (b.kind == ContentBlock::Kind::kText) text += b.text;
-      if (was == "done") {  // the restore puts "done" back
-        return Outcome{"done", session_.reason, text};
-      }
+      // Stopped already (done, or failed on a refusal): nothing to do; the
+      // restore puts the state back.
+      if (was == "done" || was == "failed")
+        return Outcome{was, session_.reason, text};
+      // The model had finished; the harness stopped before recording it.
       run_started_ = std::chrono::steady_clock::now();
       restore.armed = false;
-      return Stop("done", "the model finished", text);
+      if (last_stop_reason == "refusal")
+        return Stop("failed", "the model refused the request", text);
+      return Stop("done",
+                  last_stop_reason == "max_tokens"
+                      ? "the model stopped at its output limit"
+                      : "the model finished",
+                  text);
     }
     // Calls that started and never finished are answered, never rerun.
     for (const auto& [id, _] : started) {

@@ -75,7 +75,7 @@ struct AgentOptions {
 };
 
 struct Outcome {
-  std::string state;   // done, budget, failed
+  std::string state;   // done, budget, failed, interrupted
   std::string reason;  // for people
   std::string final_text;
 };
@@ -85,6 +85,11 @@ struct Outcome {
 vfs::Status RecordApproval(SessionLog& log, const std::string& user,
                            const std::string& id, const std::string& call,
                            bool yes);
+
+// `s` for a terminal, lines kept: control characters other than newline
+// and tab (an escape sequence in a model's text or a command's output) are
+// written as \xNN, and a backslash is doubled.
+std::string TerminalText(const std::string& s);
 
 // The tools the loop offers (bash, the text editor, the memory tool).
 std::vector<ToolSpec> AgentTools();
@@ -109,7 +114,12 @@ class Agent {
   vfs::Result<Message> Answer(const Message& assistant,
                               const std::map<std::string, ToolResult>& done,
                               bool run_missing = true);
+  // Asks for approval when a rule matches: a result when the call may not
+  // run (denied, or the harness was interrupted while waiting).
+  std::optional<ToolResult> Approve(const ContentBlock& call);
   ToolResult RunTool(const ContentBlock& call);
+  vfs::Result<Outcome> StopInterrupted();
+  int64_t ElapsedMs() const;  // over all runs of the session
   bool WaitForApproval(const std::string& call_id, const std::string& summary);
   std::optional<std::string> BudgetReached() const;
   vfs::Result<Outcome> Stop(const std::string& state, const std::string& reason,

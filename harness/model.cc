@@ -5,6 +5,7 @@
 #include <curl/curl.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cctype>
 #include <cstdlib>
 #include <mutex>
@@ -12,6 +13,14 @@
 #include <thread>
 
 namespace agentvfs::harness {
+
+namespace {
+std::atomic<int> g_interrupted{0};
+}  // namespace
+
+void Interrupt(int signal) { g_interrupted = signal > 0 ? signal : -1; }
+int Interrupted() { return g_interrupted.load(); }
+void ClearInterrupt() { g_interrupted = 0; }
 
 using nlohmann::json;
 using vfs::Fail;
@@ -95,11 +104,21 @@ class CurlTransport final : public HttpTransport {
     curl_easy_setopt(curl, CURLOPT_TIMEOUT, static_cast<long>(timeout.count()));
     curl_easy_setopt(curl, CURLOPT_CONNECTTIMEOUT, 30L);
     curl_easy_setopt(curl, CURLOPT_NOSIGNAL, 1L);
+    // A stop request ends the transfer (polled about once a second, and on
+    // every bit of progress).
+    curl_easy_setopt(curl, CURLOPT_NOPROGRESS, 0L);
+    curl_easy_setopt(
+        curl, CURLOPT_XFERINFOFUNCTION,
+        +[](void*, curl_off_t, curl_off_t, curl_off_t, curl_off_t) -> int {
+          return Interrupted() != 0 ? 1 : 0;
+        });
     curl_easy_setopt(curl, CURLOPT_ACCEPT_ENCODING, "");
     CURLcode rc = curl_easy_perform(curl);
     curl_easy_getinfo(curl, CURLINFO_RESPONSE_CODE, &response.status);
     curl_slist_free_all(list);
     curl_easy_cleanup(curl);
+    if (rc == CURLE_ABORTED_BY_CALLBACK)
+      return Fail(ECANCELED, "the model call was stopped (" + url + ")");
     if (rc != CURLE_OK) {
       int code = EIO;
       if (rc == CURLE_OPERATION_TIMEDOUT) code = ETIMEDOUT;
@@ -154,8 +173,15 @@ std::string OneLine(std::string s) {
 vfs::Result<HttpResponse> PostWithRetries(
     HttpTransport& transport, const RetryPolicy& policy, const std::string& url,
     const std::vector<std::string>& headers, const std::string& body,
-    const std::string& key_hint, int* attempts) {
+    const std::string& key_hint, int* attempts,
+    std::optional<std::chrono::steady_clock::time_point> deadline) {
+  using Clock = std::chrono::steady_clock;
   static thread_local std::mt19937 rng{std::random_device{}()};
+  auto left = [&]() {
+    return deadline ? std::chrono::duration_cast<std::chrono::milliseconds>(
+                          *deadline - Clock::now())
+                    : std::chrono::milliseconds::max();
+  };
   auto wait = [&](int attempt, const HttpResponse* r) {
     auto delay = policy.base_delay * (1LL << std::min(attempt - 1, 16));
     delay = std::min<std::chrono::milliseconds>(delay, policy.max_delay);
@@ -173,17 +199,39 @@ vfs::Result<HttpResponse> PostWithRetries(
               std::chrono::milliseconds(static_cast<int64_t>(secs * 1000)));
       }
     }
-    if (policy.sleep)
+    ms = std::max(std::chrono::milliseconds(0), std::min(ms, left()));
+    if (policy.sleep) {
       policy.sleep(ms);
-    else
-      std::this_thread::sleep_for(ms);
+      return;
+    }
+    // In slices, so that a stop request is not kept waiting.
+    for (auto until = Clock::now() + ms;
+         Clock::now() < until && Interrupted() == 0;)
+      std::this_thread::sleep_for(std::min<Clock::duration>(
+          std::chrono::milliseconds(100), until - Clock::now()));
   };
   vfs::Error last{EIO, "no attempt made"};
   for (int attempt = 1; attempt <= policy.max_attempts; ++attempt) {
+    if (Interrupted() != 0)
+      return Fail(ECANCELED, "the model call was stopped");
+    if (deadline && Clock::now() >= *deadline)
+      return Fail(ETIMEDOUT,
+                  "the session's time budget ran out while waiting for the "
+                  "model (" +
+                      (attempt > 1 ? last.message + ", " : std::string()) +
+                      std::to_string(attempt - 1) + " attempt(s))");
     *attempts = attempt;
-    auto r = transport.Post(url, headers, body, policy.request_timeout);
+    const auto remaining = left();
+    // Whole seconds for curl, at least one, never past the deadline.
+    auto timeout = std::min<std::chrono::seconds>(
+        policy.request_timeout,
+        std::max<std::chrono::seconds>(
+            std::chrono::seconds(1),
+            std::chrono::ceil<std::chrono::seconds>(remaining)));
+    auto r = transport.Post(url, headers, body, timeout);
     if (!r) {
       last = r.error();
+      if (last.code == ECANCELED) return std::unexpected(last);
       if (!RetryableNetwork(last.code) || attempt == policy.max_attempts) break;
       wait(attempt, nullptr);
       continue;
@@ -247,7 +295,7 @@ class AnthropicClient final : public ModelClient {
     auto r = PostWithRetries(
         *transport_, config_.retry, config_.base_url + "/v1/messages", headers,
         body.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace),
-        "ANTHROPIC_API_KEY", &out.attempts);
+        "ANTHROPIC_API_KEY", &out.attempts, request.deadline);
     if (!r) return std::unexpected(r.error());
     // A field of an unexpected type (a server that is not quite the API)
     // is a protocol error, not a crash.
@@ -310,7 +358,7 @@ class OpenAiClient final : public ModelClient {
         *transport_, config_.retry, config_.base_url + "/chat/completions",
         headers,
         body.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace),
-        "OPENAI_API_KEY", &out.attempts);
+        "OPENAI_API_KEY", &out.attempts, request.deadline);
     if (!r) return std::unexpected(r.error());
     try {
       json j = json::parse(r->body, nullptr, false);

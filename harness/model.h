@@ -26,6 +26,7 @@
 #include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -74,7 +75,18 @@ struct ModelRequest {
   std::vector<Message> messages;
   std::vector<ToolSpec> tools;
   int max_tokens = 8192;
+  // When set, the call (its retries and waits included) gives up at this
+  // time with ETIMEDOUT: the session's time budget.
+  std::optional<std::chrono::steady_clock::time_point> deadline;
 };
+
+// A process-wide stop request (the CLI's signal thread calls Interrupt):
+// a model call in flight ends with ECANCELED, retries stop, and the agent
+// loop stops at its next safe point. Interrupted() is the signal (or -1
+// for a request without one), 0 when none.
+void Interrupt(int signal);
+int Interrupted();
+void ClearInterrupt();  // for tests
 
 struct Usage {
   int64_t input_tokens = 0;

@@ -4,11 +4,13 @@ a script, in order, and logs every request it got (path, headers, body) as
 one JSON line each. Prints its port on stdout once it listens.
 
 usage: fake_model_server.py SCRIPT.json LOG.jsonl
-SCRIPT.json: [{"status": 200, "headers": {...}, "body": {...} or "text"}, ...]
+SCRIPT.json: [{"status": 200, "headers": {...}, "body": {...} or "text",
+               "delay_s": seconds to wait before answering (optional)}, ...]
 """
 import http.server
 import json
 import sys
+import time
 
 script = json.load(open(sys.argv[1]))
 log_path = sys.argv[2]
@@ -32,6 +34,7 @@ class Handler(http.server.BaseHTTPRequestHandler):
             answer = script.pop(0)
         else:
             answer = {"status": 500, "body": {"error": {"message": "script exhausted"}}}
+        time.sleep(answer.get("delay_s", 0))
         payload = answer.get("body", "")
         data = (payload if isinstance(payload, str) else json.dumps(payload)).encode()
         self.send_response(answer.get("status", 200))

@@ -241,7 +241,7 @@ TEST_F(AgentTest, TokenTimeAndCostBudgetsStopTheSessionToo) {
     Agent agent(*client, *files_, *bash_, *log_, s, options);
     auto out = agent.Start("Go.");
     ASSERT_TRUE(out.has_value()) << out.error().message;
-    EXPECT_EQ(out->state, "budget");
+    EXPECT_EQ(out->state, "budget") << out->reason;
     EXPECT_THAT(out->reason, HasSubstr(k.reason));
     // Stopped before the second call (the time budget may run out before
     // the first).
@@ -583,6 +583,140 @@ TEST_F(AgentTest, AModelFailureStopsTheSessionResumably) {
   ASSERT_TRUE(again.has_value());
   EXPECT_EQ(again->state, "done");
   EXPECT_EQ(again->final_text, "fine now");
+}
+
+// Two calls of one turn with the same id (or none, as some servers send):
+// each gets an id of its own, so each answer goes to its own call, also
+// when the session is replayed.
+TEST_F(AgentTest, CallsWithoutUniqueIdsGetIdsOfTheirOwn) {
+  json turn = ToolUse("dup", "bash", {{"command", "echo one > /workspace/1"}});
+  turn["body"]["content"].push_back(
+      {{"type", "tool_use"},
+       {"id", "dup"},
+       {"name", "bash"},
+       {"input", {{"command", "echo two > /workspace/2"}}}});
+  FakeApi api{turn, Final("ok")};
+  auto client = Client(api);
+  auto out = MakeAgent(*client).Start("Go.");
+  ASSERT_TRUE(out.has_value()) << out.error().message;
+  EXPECT_EQ(out->state, "done");
+  EXPECT_EQ(ReadFile(ws_->Sub("1")), "one\n");
+  EXPECT_EQ(ReadFile(ws_->Sub("2")), "two\n");
+  auto requests = api.Requests();
+  ASSERT_EQ(requests.size(), 2u);
+  const json& msgs = requests[1]["body"]["messages"];
+  std::vector<std::string> uses, results;
+  for (const auto& m : msgs)
+    for (const auto& b : m["content"]) {
+      if (!b.is_object()) continue;
+      if (b.value("type", "") == "tool_use") uses.push_back(b["id"]);
+      if (b.value("type", "") == "tool_result")
+        results.push_back(b["tool_use_id"]);
+    }
+  ASSERT_EQ(uses.size(), 2u);
+  EXPECT_NE(uses[0], uses[1]);
+  EXPECT_EQ(results, uses);
+}
+
+// A session that ended on a refusal stays failed when resumed (before, the
+// resume took the refusal for a finished answer and said done).
+TEST_F(AgentTest, AResumedRefusalStaysFailed) {
+  json refusal = Final("I can't help with that.");
+  refusal["body"]["stop_reason"] = "refusal";
+  FakeApi api{refusal, Final("never")};
+  auto client = Client(api);
+  auto out = MakeAgent(*client).Start("Do something bad.");
+  ASSERT_TRUE(out.has_value());
+  EXPECT_EQ(out->state, "failed");
+  auto again = MakeAgent(*client).Resume();
+  ASSERT_TRUE(again.has_value()) << again.error().message;
+  EXPECT_EQ(again->state, "failed");
+  EXPECT_EQ(log_->Get("alice", session_.id)->state, "failed");
+  EXPECT_EQ(api.Requests().size(), 1u);
+}
+
+// A call is recorded as started only once approved, so a harness that dies
+// while waiting asks again when resumed; an answer given to a harness that
+// is gone is refused, saying so.
+TEST_F(AgentTest, ACallStartsOnlyOnceApproved) {
+  FakeApi api{ToolUse("t1", "bash", {{"command", "rm -rf /workspace/x"}}),
+              Final("ok")};
+  auto client = Client(api);
+  AgentOptions options;
+  options.approvals = {{"bash", "rm -rf"}};
+  bool started_before_answer = false;
+  options.approve = [&](const std::string&) -> std::optional<bool> {
+    for (const auto& k : Kinds())
+      if (k == "tool_started") started_before_answer = true;
+    return true;
+  };
+  auto out = MakeAgent(*client, options).Start("Go.");
+  ASSERT_TRUE(out.has_value()) << out.error().message;
+  EXPECT_FALSE(started_before_answer);
+
+  harness::SessionInfo dead = session_;
+  dead.id = "dead-harness";
+  dead.state = "waiting";
+  dead.config = {{"owner", "no-such-host-or-this 999999 1"}};
+  char host[256] = {};
+  gethostname(host, sizeof(host) - 1);
+  dead.config["owner"] = std::string(host) + " 999999 1";
+  ASSERT_TRUE(log_->Create(dead).has_value());
+  ASSERT_TRUE(log_->Append(dead.id, "approval_requested",
+                           {{"id", "c1"}, {"summary", "bash: rm -rf x"}}));
+  auto answered = harness::RecordApproval(*log_, "alice", dead.id, "c1", true);
+  ASSERT_FALSE(answered.has_value());
+  EXPECT_EQ(answered.error().code, ESRCH);
+  EXPECT_THAT(answered.error().message, HasSubstr("no longer waiting"));
+}
+
+// A stop request (SIGINT in `agentvfs run`) ends the running command and
+// the loop: the session is interrupted, not running, and a resume goes on
+// from there without running the stopped command again.
+TEST_F(AgentTest, AnInterruptStopsTheSessionResumably) {
+  FakeApi api{ToolUse("t1", "bash",
+                      {{"command", "echo once >> /workspace/n; sleep 30"}}),
+              Final("resumed fine")};
+  auto client = Client(api);
+  std::thread stopper([this] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(800));
+    harness::Interrupt(SIGINT);
+    sandbox_->Kill();
+  });
+  auto started = std::chrono::steady_clock::now();
+  auto out = MakeAgent(*client).Start("Go.");
+  stopper.join();
+  harness::ClearInterrupt();
+  ASSERT_TRUE(out.has_value()) << out.error().message;
+  EXPECT_EQ(out->state, "interrupted");
+  EXPECT_THAT(out->reason, HasSubstr("agentvfs resume"));
+  EXPECT_LT(std::chrono::steady_clock::now() - started,
+            std::chrono::seconds(20));
+  EXPECT_EQ(log_->Get("alice", session_.id)->state, "interrupted");
+  EXPECT_EQ(api.Requests().size(), 1u);
+  auto again = MakeAgent(*client).Resume();
+  ASSERT_TRUE(again.has_value()) << again.error().message;
+  EXPECT_EQ(again->state, "done");
+  EXPECT_EQ(again->final_text, "resumed fine");
+  EXPECT_EQ(ReadFile(ws_->Sub("n")), "once\n");  // not run again
+}
+
+// The time budget bounds a model call too: a model that does not answer
+// is given up when the budget runs out, not after its own timeout.
+TEST_F(AgentTest, TheTimeBudgetBoundsAModelCall) {
+  json slow = Final("too late");
+  slow["delay_s"] = 30;
+  FakeApi api{slow};
+  auto client = Client(api);
+  AgentOptions options;
+  options.budget.seconds = 2;
+  auto started = std::chrono::steady_clock::now();
+  auto out = MakeAgent(*client, options).Start("Go.");
+  ASSERT_TRUE(out.has_value()) << out.error().message;
+  EXPECT_EQ(out->state, "budget");
+  EXPECT_THAT(out->reason, HasSubstr("time budget"));
+  EXPECT_LT(std::chrono::steady_clock::now() - started,
+            std::chrono::seconds(10));
 }
 
 }  // namespace
