@@ -93,6 +93,11 @@ int RunInSandbox(const ExecArgs& a, bool interactive) {
                               std::istreambuf_iterator<char>());
   }
 
+  // Before any thread starts (the store's, the view's, the sandbox's), so
+  // that every thread blocks the stop signals and the guard's thread gets
+  // them (one that did not block them would let SIGINT kill the process
+  // with the sandbox and mounts left behind).
+  SignalGuard signals;
   sandbox::SandboxOptions options;
   options.workspace = a.workspace;
   options.limits = *limits;
@@ -118,7 +123,6 @@ int RunInSandbox(const ExecArgs& a, bool interactive) {
                  "file): /memories and /skills are empty\n";
   }
 
-  SignalGuard signals;
   auto sb = sandbox::Sandbox::Create(options);
   if (!sb) return Report(cmd_name, sb.error());
   signals.SetTarget(sb->get());

@@ -126,6 +126,13 @@ std::string Dollars(int64_t micros) {
 // Runs (or resumes) a session: the view, the sandbox, the tools, the loop.
 int Drive(const RunArgs& a, bool resume) {
   const char* cmd = resume ? "resume" : "run";
+  // First, before any thread starts (the store's, the view's, the
+  // sandbox's): every thread then blocks the stop signals, and one waits
+  // for them. A stop request ends the running command, the loop records
+  // the session as interrupted (resumable), and the sandbox and view are
+  // closed.
+  SignalGuard signals;
+  signals.OnSignal([](int sig) { harness::Interrupt(sig); });
   auto session = OpenStoreAsUser(a.store, "run");
   if (!session) return Report(cmd, session.error());
   harness::SessionLog log(session->backend->engine());
@@ -175,11 +182,6 @@ int Drive(const RunArgs& a, bool resume) {
   if (auto ok = router->Mount("/workspace", router->Adopt(std::move(*ws))); !ok)
     return Report(cmd, ok.error());
 
-  // Signals are blocked before the sandbox starts its threads: a stop
-  // request ends the running command, the loop records the session as
-  // interrupted (resumable), and the sandbox and view are closed.
-  SignalGuard signals;
-  signals.OnSignal([](int sig) { harness::Interrupt(sig); });
   sandbox::SandboxOptions so;
   so.workspace = workspace;
   so.view = router.get();

@@ -68,6 +68,24 @@ class RunCliTest : public ::testing::Test {
     if (api) o.env["ANTHROPIC_BASE_URL"] = api->Url();
     return RunCommand(args, o);
   }
+  // `agentvfs run TASK` as dev against `api`, as a child process with no
+  // terminal (stdin, stdout and stderr on /dev/null); its pid.
+  pid_t StartRun(const FakeApi& api, const std::string& task) {
+    pid_t child = fork();
+    if (child != 0) return child;
+    setenv("ANTHROPIC_API_KEY", "k", 1);
+    setenv("ANTHROPIC_BASE_URL", api.Url().c_str(), 1);
+    setenv("AGENTVFS_CONFIG", conf_->Sub("no-config.yaml").c_str(), 1);
+    int null = open("/dev/null", O_RDWR);
+    dup2(null, 0);
+    dup2(null, 1);
+    dup2(null, 2);
+    execl(AGENTVFS_BINARY, AGENTVFS_BINARY, "run", "--workspace",
+          ws_->path().c_str(), "--store", store_->db().c_str(), "--token-file",
+          store_->TokenFile("dev").c_str(), task.c_str(),
+          static_cast<char*>(nullptr));
+    _exit(127);
+  }
   std::unique_ptr<testing::StoreFixture> store_;
   std::unique_ptr<testing::TempDir> ws_;
   std::unique_ptr<testing::TempDir> conf_;
@@ -152,22 +170,8 @@ TEST_F(RunCliTest, AHarnessKilledDuringACallResumesWithoutRunningItTwice) {
                    "echo started > /workspace/started; sleep 30; "
                    "echo again >> /workspace/finished"),
               Final("I checked; the step was interrupted.")};
-  pid_t child = fork();
+  pid_t child = StartRun(api, "Do the long step.");
   ASSERT_GE(child, 0);
-  if (child == 0) {
-    setenv("ANTHROPIC_API_KEY", "k", 1);
-    setenv("ANTHROPIC_BASE_URL", api.Url().c_str(), 1);
-    setenv("AGENTVFS_CONFIG", conf_->Sub("no-config.yaml").c_str(), 1);
-    int null = open("/dev/null", O_RDWR);
-    dup2(null, 0);
-    dup2(null, 1);
-    dup2(null, 2);
-    execl(AGENTVFS_BINARY, AGENTVFS_BINARY, "run", "--workspace",
-          ws_->path().c_str(), "--store", store_->db().c_str(), "--token-file",
-          store_->TokenFile("dev").c_str(), "Do the long step.",
-          static_cast<char*>(nullptr));
-    _exit(127);
-  }
   for (int i = 0; i < 500 && !testing::ReadFile(ws_->Sub("started")); ++i)
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   ASSERT_TRUE(testing::ReadFile(ws_->Sub("started")).has_value());
@@ -261,6 +265,51 @@ TEST_F(RunCliTest, TheModelAndKeyMayComeFromTheConfigFile) {
   EXPECT_EQ(reqs[0]["body"]["model"], "claude-from-config");
   // 100 in x $30 + 10 out x $150 per million tokens.
   EXPECT_THAT(r.output, HasSubstr("$0.0045"));
+}
+
+// Ctrl-C (SIGINT) during a call: the command is killed, the session is
+// recorded as interrupted (not left "running"), the view and the sandbox
+// are gone, `run` exits 130, and a resume finishes without running the
+// stopped command again.
+TEST_F(RunCliTest, SigintStopsTheSessionCleanlyAndResumeGoesOn) {
+  FakeApi api{Bash("t1",
+                   "echo started > /workspace/started; sleep 30; "
+                   "echo again >> /workspace/finished"),
+              Final("Stopped, then finished.")};
+  pid_t child = StartRun(api, "Do the long step.");
+  ASSERT_GE(child, 0);
+  for (int i = 0; i < 500 && !testing::ReadFile(ws_->Sub("started")); ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  bool started = testing::ReadFile(ws_->Sub("started")).has_value();
+  kill(child, SIGINT);
+  int status = 0;
+  for (int i = 0; i < 1000 && waitpid(child, &status, WNOHANG) == 0; ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  if (waitpid(child, &status, WNOHANG) == 0) {  // still running after 20 s
+    kill(child, SIGKILL);
+    waitpid(child, &status, 0);
+    FAIL() << "run did not stop on SIGINT";
+  }
+  ASSERT_TRUE(started);
+  ASSERT_TRUE(WIFEXITED(status));
+  EXPECT_EQ(WEXITSTATUS(status), 130);
+  auto list = Agentvfs({"sessions"});
+  EXPECT_THAT(list.output, HasSubstr("interrupted"));
+  std::string id = list.output.substr(list.output.find("\nrun-") + 1, 20);
+  // Nothing of the session is left: no view mount, no sandbox process.
+  auto mounts = testing::ReadFile("/proc/self/mountinfo").value_or("");
+  EXPECT_EQ(mounts.find("agentvfs-sandbox-"), std::string::npos) << mounts;
+  for (const auto& name :
+       testing::ListDir("/proc").value_or(std::vector<std::string>{})) {
+    auto cmdline = testing::ReadFile("/proc/" + name + "/cmdline");
+    if (atoi(name.c_str()) > 0 && cmdline)
+      EXPECT_EQ(cmdline->find("/workspace/finished"), std::string::npos)
+          << "process " << name << " outlived the interrupted run";
+  }
+  auto resumed = Agentvfs({"resume", id}, &api);
+  EXPECT_EQ(resumed.exit_status, 0) << resumed.output;
+  EXPECT_THAT(resumed.output, HasSubstr("Stopped, then finished."));
+  EXPECT_FALSE(testing::ReadFile(ws_->Sub("finished")).has_value());
 }
 
 }  // namespace
