@@ -53,25 +53,37 @@ int RunMount(const MountArgs& a) {
   bool with_store = a.with_store || !a.store.store.empty() ||
                     std::getenv("AGENTVFS_STORE") != nullptr ||
                     a.workspace.empty();
-  if (with_store) {
-    // A wrong token or a missing store mounts nothing.
-    store::StoreOptions store_options;
-    store_options.commit_durability = a.commit_sync == "normal"
-                                          ? store::Durability::kProcess
-                                          : store::Durability::kFull;
+  // The store runs a thread (lease renewal, change feed) and records this
+  // process as the holder of its leases. Neither survives the fork of
+  // --background, so there the store is opened once to check it (a wrong
+  // token or a missing store mounts nothing, and says so on the terminal),
+  // closed, and opened for good in the daemon, before it serves a request.
+  store::StoreOptions store_options;
+  store_options.commit_durability = a.commit_sync == "normal"
+                                        ? store::Durability::kProcess
+                                        : store::Durability::kFull;
+  auto serve_store = [&](bool check_only) -> vfs::Status {
     auto session = OpenStoreAsUser(a.store, "mount", store_options);
-    if (!session) return Report("mount", session.error());
-    identity = session->caller;
+    if (!session) return std::unexpected(session.error());
+    if (check_only || identity.user.empty()) {
+      identity = session->caller;
+    } else {
+      session->caller = identity;  // the session the mount was made for
+    }
+    if (check_only) return {};
     vfs::Backend* store = router->Adopt(std::move(session->backend));
     router::MountOptions full_paths;
     full_paths.strip_prefix = false;
     for (const char* prefix : {"/memories", "/skills"}) {
-      if (auto ok = router->Mount(prefix, store, full_paths); !ok) {
-        return Report("mount", ok.error());
-      }
+      if (auto ok = router->Mount(prefix, store, full_paths); !ok) return ok;
     }
     spdlog::info("serving the store as user '{}' (session {})", identity.user,
                  identity.session);
+    return {};
+  };
+  if (with_store) {
+    if (auto ok = serve_store(/*check_only=*/a.background); !ok)
+      return Report("mount", ok.error());
   }
 
   fuse::FuseOptions options;
@@ -103,6 +115,15 @@ int RunMount(const MountArgs& a) {
     if (auto ok = (*server)->Daemonize(); !ok) {
       std::cerr << "agentvfs mount: " << ok.error().message << "\n";
       return 1;
+    }
+    // In the daemon now: no request has been read yet.
+    if (with_store) {
+      if (auto ok = serve_store(/*check_only=*/false); !ok) {
+        spdlog::error("cannot open the store in the background daemon: {}",
+                      ok.error().message);
+        (*server)->Unmount();
+        return 1;
+      }
     }
   } else {
     spdlog::info(

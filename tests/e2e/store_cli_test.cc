@@ -3,11 +3,14 @@
 // keeps only its hash; users, teams and grants are an admin's business;
 // history / cat / restore / purge; skills import (validated), export and a
 // mount that serves the imported skill with its script runnable.
+#include <fcntl.h>
 #include <sqlite3.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
+#include <cstring>
 #include <filesystem>
 #include <map>
 #include <nlohmann/json.hpp>
@@ -15,6 +18,7 @@
 #include <regex>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "backends/store/store.h"
@@ -899,6 +903,72 @@ TEST_F(StoreCliTest, SkillsImportChecksEveryPlaceFirst) {
   EXPECT_EQ(out, "imported gamma: G ?[2J?[31mred\nimported zeta: Z\n");
   EXPECT_EQ(MustAs(dev, {"skills", "list"}),
             "gamma: G ?[2J?[31mred\nzeta: Z\n");
+}
+
+// A store mount made with --background holds the store as a foreground one
+// does: the daemon (not the parent that exited) holds its write leases, so
+// another mount's writer gets EBUSY and nothing is lost; and it follows the
+// change feed, so another mount's commit shows despite long cache timeouts.
+TEST_F(StoreCliTest, ABackgroundMountKeepsLeasesAndTheChangeFeed) {
+  const std::string lead = Init();
+  const std::string dev = AddUser(lead, "dev");
+  ASSERT_TRUE(WriteFile(work_->Sub("dev.token"), dev + "\n", 0600));
+  ASSERT_TRUE(ApiWrite("dev", "/memories/users/dev/x.md", "v1\n"));
+  TempDir ws("agentvfs-cli-ws"), bg("agentvfs-cli-bg"), fg("agentvfs-cli-fg");
+  testing::UnmountAtExit(bg.path());
+  CommandResult r = RunCommand(
+      {AGENTVFS_BINARY, "mount", "--store", db_, "--token-file",
+       work_->Sub("dev.token"), "--cache-timeout", "60", "--background",
+       bg.path()},
+      CommandOptions{.env = {{"AGENTVFS_CONFIG", work_->Sub("none.yaml")}},
+                     .timeout = std::chrono::seconds(15)});
+  ASSERT_EQ(r.exit_status, 0) << r.output;
+  struct Unmount {
+    std::string path;
+    ~Unmount() { testing::LazyUnmount(path); }
+  } unmount{bg.path()};
+  std::string error;
+  auto view =
+      MountedView::Start(ws.path(), fg.path(),
+                         {"--store", db_, "--token-file",
+                          work_->Sub("dev.token"), "--cache-timeout", "60"},
+                         &error);
+  ASSERT_NE(view, nullptr) << error;
+  const std::string in_bg = bg.path() + "/memories/users/dev/x.md";
+  const std::string in_fg = fg.path() + "/memories/users/dev/x.md";
+  ASSERT_EQ(ReadFile(in_bg), "v1\n");  // cached for 60 s from now on
+  ASSERT_EQ(ReadFile(in_fg), "v1\n");
+
+  // The background daemon writes: the foreground mount must wait.
+  int held = open(in_bg.c_str(), O_WRONLY | O_APPEND);
+  ASSERT_GE(held, 0) << strerror(errno);
+  int other = open(in_fg.c_str(), O_WRONLY | O_APPEND);
+  EXPECT_EQ(other, -1) << "a second writer got in while the first held it";
+  EXPECT_EQ(errno, EBUSY);
+  if (other >= 0) close(other);
+  ASSERT_EQ(write(held, "from bg\n", 8), 8);
+  ASSERT_EQ(close(held), 0) << strerror(errno);  // committed, not ESTALE
+
+  // The foreground mount reads that version (else its write would be a
+  // stale one), then commits; the background one sees it soon.
+  std::optional<std::string> seen;
+  for (int i = 0; i < 50; ++i) {
+    seen = ReadFile(in_fg);
+    if (seen == "v1\nfrom bg\n") break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  ASSERT_EQ(seen, "v1\nfrom bg\n");
+  ASSERT_TRUE(WriteFile(in_fg, "v3 from the foreground mount\n"));
+  for (int i = 0; i < 50; ++i) {
+    seen = ReadFile(in_bg);
+    if (seen == "v3 from the foreground mount\n") break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  EXPECT_EQ(seen, "v3 from the foreground mount\n");
+  EXPECT_EQ(view->Stop(), 0) << view->Log();
+  auto versions = History(dev, "/memories/users/dev/x.md");
+  ASSERT_EQ(versions.size(), 3u);
+  EXPECT_EQ(versions[1].at("size"), 11);  // "v1\nfrom bg\n"
 }
 
 }  // namespace
