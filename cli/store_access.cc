@@ -59,12 +59,8 @@ std::string ConfigFilePath() {
 
 std::vector<std::string> SecretFiles(const StoreFlags& flags) {
   std::vector<std::string> out;
-  if (auto name = ResolveStoreName(flags);
-      name && !name->starts_with("postgresql://") &&
-      !name->starts_with("postgres://")) {
-    std::string db = name->starts_with("sqlite:") ? name->substr(7) : *name;
-    for (const char* suffix : {"", "-wal", "-shm", "-journal"})
-      out.push_back(db + suffix);
+  if (auto name = ResolveStoreName(flags)) {
+    for (auto& path : store::SecretPathsOf(*name)) out.push_back(path);
   }
   if (!flags.token_file.empty()) out.push_back(flags.token_file);
   if (std::string config = ConfigFilePath();

@@ -35,8 +35,10 @@ vfs::Result<std::string> ResolveStoreName(const StoreFlags& flags);
 // ("" without HOME). It need not exist.
 std::string ConfigFilePath();
 
-// Host files a sandbox must never see: the SQLite store named by the flags
-// (and its -wal, -shm, -journal), the token file, the config file.
+// Host files a sandbox must never see: those of the store named by the
+// flags (store::SecretPathsOf: a SQLite file with its -wal, -shm, -journal;
+// PostgreSQL's password and service files and socket directory), the
+// token file, the config file.
 std::vector<std::string> SecretFiles(const StoreFlags& flags);
 
 // The token from --token-file or $AGENTVFS_TOKEN (EACCES when neither).

@@ -29,6 +29,16 @@ std::string DisplayName(const std::string& name) {
   return name;
 }
 
+std::vector<std::string> SecretPathsOf(const std::string& name) {
+  if (name.starts_with("postgresql://") || name.starts_with("postgres://"))
+    return PostgresSecretPaths(name);
+  std::string db = name.starts_with("sqlite:") ? name.substr(7) : name;
+  std::vector<std::string> out;
+  for (const char* suffix : {"", "-wal", "-shm", "-journal"})
+    out.push_back(db + suffix);
+  return out;
+}
+
 vfs::Result<std::unique_ptr<Engine>> Engine::Open(const std::string& name,
                                                   bool create) {
   if (name.empty()) {

@@ -52,6 +52,15 @@ using Row = std::vector<Value>;
 // without its password; any other name as it is.
 std::string DisplayName(const std::string& name);
 
+// Host paths that reach the store `name` other than through a user's token,
+// which a sandbox must never see: a SQLite file with its -wal, -shm and
+// -journal; for PostgreSQL, the files libpq takes a password or settings
+// from ($PGPASSFILE or ~/.pgpass, $PGSERVICEFILE or ~/.pg_service.conf,
+// and a passfile the URI names) and the directory of every Unix socket the
+// URI or $PGHOST names (the server's socket directory, often its data
+// directory).
+std::vector<std::string> SecretPathsOf(const std::string& name);
+
 // Accessors for row values; a NULL reads as 0 / "".
 int64_t AsInt(const Value& v);
 const std::string& AsText(const Value& v);  // TEXT or BLOB bytes

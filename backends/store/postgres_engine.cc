@@ -989,6 +989,40 @@ std::string RedactPostgresUri(const std::string& uri) {
   return out;
 }
 
+std::vector<std::string> PostgresSecretPaths(const std::string& uri) {
+  std::vector<std::string> out;
+  auto env = [](const char* name) -> std::string {
+    const char* v = std::getenv(name);
+    return v != nullptr ? v : "";
+  };
+  const std::string home = env("HOME");
+  const std::string passfile = env("PGPASSFILE");
+  out.push_back(!passfile.empty() ? passfile : home + "/.pgpass");
+  const std::string service = env("PGSERVICEFILE");
+  out.push_back(!service.empty() ? service : home + "/.pg_service.conf");
+  std::string hosts = env("PGHOST");
+  char* err = nullptr;
+  if (PQconninfoOption* opts = PQconninfoParse(uri.c_str(), &err)) {
+    for (PQconninfoOption* o = opts; o->keyword != nullptr; ++o) {
+      if (o->val == nullptr || *o->val == '\0') continue;
+      const std::string key = o->keyword;
+      if (key == "host") hosts = o->val;
+      if (key == "passfile") out.push_back(o->val);
+    }
+    PQconninfoFree(opts);
+  }
+  if (err != nullptr) PQfreemem(err);
+  // host is a comma-separated list; a directory is a Unix socket's.
+  for (size_t start = 0; start <= hosts.size();) {
+    size_t comma = hosts.find(',', start);
+    if (comma == std::string::npos) comma = hosts.size();
+    std::string host = hosts.substr(start, comma - start);
+    if (host.starts_with("/")) out.push_back(host);
+    start = comma + 1;
+  }
+  return out;
+}
+
 vfs::Result<std::unique_ptr<Engine>> OpenPostgresEngine(const std::string& uri,
                                                         bool create) {
   auto engine = std::make_unique<PostgresEngine>(uri);

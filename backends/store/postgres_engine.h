@@ -4,6 +4,7 @@
 
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "backends/store/engine.h"
 
@@ -19,5 +20,8 @@ vfs::Result<std::unique_ptr<Engine>> OpenPostgresEngine(const std::string& uri,
 
 // `uri` without its password, for messages and logs.
 std::string RedactPostgresUri(const std::string& uri);
+
+// SecretPathsOf (engine.h) for a PostgreSQL store.
+std::vector<std::string> PostgresSecretPaths(const std::string& uri);
 
 }  // namespace agentvfs::store

@@ -9,10 +9,13 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <cstdlib>
 #include <fstream>
 #include <string>
+#include <vector>
 
 #include "backends/sandbox/sandbox.h"
+#include "backends/store/engine.h"
 #include "tests/support/mount_fixture.h"
 #include "tests/support/result_matchers.h"
 
@@ -64,6 +67,51 @@ class SandboxSecretsTest : public ::testing::Test {
   TempDir dir_{"agentvfs-secrets-test"};
   std::string db_ = dir_.Sub("secrets/store.db");
 };
+
+// A PostgreSQL store has no file of its own to hide, but the server's
+// socket directory (often its data directory; with trust or peer
+// authentication the socket alone lets a client in) and libpq's password
+// file reach it past every grant: a workspace holding either is refused.
+TEST_F(SandboxSecretsTest, APostgresStoresSocketAndPasswordFileAreSecrets) {
+  ASSERT_EQ(mkdir(dir_.Sub("ws/pg").c_str(), 0700), 0);
+  std::ofstream(dir_.Sub("ws/pgpass")) << "*:*:*:*:secret\n";
+  auto create = [&](const std::vector<std::string>& secrets) {
+    sandbox::SandboxOptions o;
+    o.workspace = dir_.Sub("ws");
+    o.state_dir = dir_.Sub("state");
+    o.secret_paths = secrets;
+    auto sb = sandbox::Sandbox::Create(o);
+    if (sb) (*sb)->Close();
+    return sb;
+  };
+  const char* old = std::getenv("PGPASSFILE");
+  const std::string saved = old ? old : "";
+  unsetenv("PGPASSFILE");
+  auto socket_in_ws = store::SecretPathsOf(
+      "postgresql:///db?host=" + dir_.Sub("ws/pg") + "&user=u");
+  EXPECT_THAT(socket_in_ws, ::testing::Contains(dir_.Sub("ws/pg")));
+  auto refused = create(socket_in_ws);
+  ASSERT_ERRNO(refused, EINVAL);
+  EXPECT_THAT(refused.error().message, HasSubstr(dir_.Sub("ws/pg")));
+
+  setenv("PGPASSFILE", dir_.Sub("ws/pgpass").c_str(), 1);
+  auto pass_in_ws = store::SecretPathsOf(
+      "postgresql:///db?host=" + dir_.Sub("elsewhere") + "&user=u");
+  refused = create(pass_in_ws);
+  ASSERT_ERRNO(refused, EINVAL);
+  EXPECT_THAT(refused.error().message, HasSubstr(dir_.Sub("ws/pgpass")));
+  // A passfile the URI names counts too.
+  unsetenv("PGPASSFILE");
+  refused = create(
+      store::SecretPathsOf("postgresql:///db?host=" + dir_.Sub("elsewhere") +
+                           "&passfile=" + dir_.Sub("ws/pgpass")));
+  ASSERT_ERRNO(refused, EINVAL);
+
+  // Neither in the workspace: allowed.
+  EXPECT_OK(create(store::SecretPathsOf(
+      "postgresql:///db?host=" + dir_.Sub("elsewhere") + "&user=u")));
+  if (old) setenv("PGPASSFILE", saved.c_str(), 1);
+}
 
 TEST_F(SandboxSecretsTest, ABindMountInTheWorkspaceShowingTheStoreIsRefused) {
   BindMount bind(dir_.Sub("secrets"), dir_.Sub("ws/sub"));
