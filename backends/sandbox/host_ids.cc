@@ -137,10 +137,36 @@ vfs::Result<bool> HostIdInUse(uint32_t id) {
   return used;
 }
 
+// Removes the lock files of holders that died without releasing them (the
+// kernel dropped their locks): each is locked, checked to still be the
+// file of its name, unlinked and closed, as Release() does.
+static void SweepDeadLeases(int dirfd) {
+  int fd = dup(dirfd);
+  if (fd < 0) return;
+  DIR* d = fdopendir(fd);
+  if (d == nullptr) {
+    close(fd);
+    return;
+  }
+  while (dirent* e = readdir(d)) {
+    if (e->d_name[0] < '0' || e->d_name[0] > '9') continue;
+    int lock = openat(dirfd, e->d_name, O_RDWR | O_NOFOLLOW | O_CLOEXEC);
+    if (lock < 0) continue;
+    struct stat locked, named;
+    if (flock(lock, LOCK_EX | LOCK_NB) == 0 && fstat(lock, &locked) == 0 &&
+        fstatat(dirfd, e->d_name, &named, AT_SYMLINK_NOFOLLOW) == 0 &&
+        locked.st_ino == named.st_ino && locked.st_dev == named.st_dev)
+      unlinkat(dirfd, e->d_name, 0);
+    close(lock);
+  }
+  closedir(d);
+}
+
 vfs::Result<HostIdLease> ReserveHostId(const HostIdPool& pool) {
   auto dir = OpenLockDir(pool.lock_dir);
   if (!dir) return std::unexpected(dir.error());
   const int dirfd = *dir;
+  SweepDeadLeases(dirfd);
   int tried_busy = 0;
   for (int i = 0; i < pool.attempts; ++i) {
     const uint32_t id = pool.base + (pool.pick ? pool.pick() : RandomPick());

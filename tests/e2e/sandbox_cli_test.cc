@@ -10,8 +10,12 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <csignal>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <thread>
+#include <vector>
 
 #include "tests/support/files.h"
 #include "tests/support/mount_fixture.h"
@@ -102,6 +106,56 @@ TEST_F(SandboxCliTest, ExecReportsTimeoutsSignalsAndBadInput) {
   auto outside = Exec({"true"}, {"--cwd", "/etc"});
   EXPECT_EQ(outside.exit_status, 2);
   EXPECT_THAT(outside.output, HasSubstr("outside the view"));
+}
+
+// SIGTERM, SIGHUP or SIGINT to exec with a store: the command is stopped
+// and nothing of the session is left (before, the store's thread took the
+// signal and the process died with its mounts and directory in place).
+TEST_F(SandboxCliTest, AStoppedExecWithAStoreLeavesNothing) {
+  for (int sig : {SIGTERM, SIGHUP, SIGINT}) {
+    SCOPED_TRACE(strsignal(sig));
+    auto argv = Args("exec");
+    argv.insert(argv.end(), {"--timeout", "30", "--", "sh", "-c",
+                             "echo up > /workspace/up; sleep 30"});
+    unlink(ws_->Sub("up").c_str());
+    pid_t child = fork();
+    ASSERT_GE(child, 0);
+    if (child == 0) {
+      setenv("XDG_RUNTIME_DIR", state_->path().c_str(), 1);
+      int null = open("/dev/null", O_RDWR);
+      dup2(null, 0);
+      dup2(null, 1);
+      dup2(null, 2);
+      std::vector<char*> args;
+      for (auto& a : argv) args.push_back(a.data());
+      args.push_back(nullptr);
+      execv(args[0], args.data());
+      _exit(127);
+    }
+    for (int i = 0; i < 500 && !testing::ReadFile(ws_->Sub("up")); ++i)
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    bool up = testing::ReadFile(ws_->Sub("up")).has_value();
+    kill(child, sig);
+    int status = 0;
+    int waited = 0;
+    for (int i = 0; i < 750 && waited == 0; ++i) {
+      waited = waitpid(child, &status, WNOHANG);
+      if (waited == 0)
+        std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    if (waited == 0) {
+      kill(child, SIGKILL);
+      waitpid(child, &status, 0);
+      ADD_FAILURE() << "exec did not stop";
+      continue;
+    }
+    EXPECT_TRUE(up);
+    ASSERT_TRUE(WIFEXITED(status)) << "killed by signal " << WTERMSIG(status);
+    EXPECT_EQ(WEXITSTATUS(status), 128 + sig);
+    EXPECT_EQ(SessionDirs(), 0u);
+    auto mounts = testing::ReadFile("/proc/self/mountinfo").value_or("");
+    EXPECT_EQ(mounts.find(state_->path()), std::string::npos) << mounts;
+  }
 }
 
 // The sandbox never sees the store, the token or a config file that may

@@ -15,6 +15,7 @@
 
 #include <chrono>
 #include <deque>
+#include <fstream>
 #include <functional>
 #include <thread>
 
@@ -125,6 +126,24 @@ TEST_F(HostIdTest, ALeaseOfAnotherProcessCountsAndEndsWhenItIsKilled) {
   auto after = ReserveHostId(Pool({12}));
   ASSERT_TRUE(after.has_value()) << after.error().message;
   EXPECT_EQ(after->id(), kTestBase + 12);
+}
+
+// The lock file of a holder that died (its lock dropped by the kernel) is
+// removed by the next reservation; a live holder's stays.
+TEST_F(HostIdTest, DeadHoldersLockFilesAreSweptLiveOnesKept) {
+  auto live = ReserveHostId(Pool({50}));
+  ASSERT_TRUE(live.has_value()) << live.error().message;
+  const std::string dead = locks_ + "/" + std::to_string(kTestBase + 51);
+  { std::ofstream(dead) << ""; }  // as a killed holder leaves it
+  auto next = ReserveHostId(Pool({52}));
+  ASSERT_TRUE(next.has_value()) << next.error().message;
+  EXPECT_NE(access(dead.c_str(), F_OK), 0) << "a dead holder's file stays";
+  EXPECT_EQ(
+      access((locks_ + "/" + std::to_string(kTestBase + 50)).c_str(), F_OK), 0)
+      << "a live holder's file was removed";
+  auto again = ReserveHostId(Pool({50, 53}));
+  ASSERT_TRUE(again.has_value());
+  EXPECT_EQ(again->id(), kTestBase + 53);  // 50 is still held
 }
 
 TEST_F(HostIdTest, AnIdAProcessRunsAsIsSkipped) {
