@@ -6,6 +6,7 @@
 #include <spdlog/spdlog.h>
 #include <sys/stat.h>
 
+#include <filesystem>
 #include <iostream>
 #include <memory>
 
@@ -13,6 +14,7 @@
 #include "cli/store_access.h"
 #include "router/router.h"
 #include "vfs/fuse/fuse_frontend.h"
+#include "vfs/mount_table.h"
 
 namespace agentvfs::cli {
 namespace {
@@ -21,6 +23,7 @@ struct MountArgs {
   std::string workspace;
   StoreFlags store;
   bool with_store = false;
+  bool no_store = false;
   std::string commit_sync = "full";
   std::string mountpoint;
   bool background = false;
@@ -35,7 +38,28 @@ struct MountArgs {
   bool xattrs = false;
 };
 
-int RunMount(const MountArgs& a) {
+// `path` made absolute against the current directory (unchanged when it
+// is absolute, empty, or a PostgreSQL URI).
+std::string Absolute(const std::string& path) {
+  if (path.empty() || path.starts_with("/") ||
+      path.starts_with("postgresql://") || path.starts_with("postgres://"))
+    return path;
+  const bool sqlite = path.starts_with("sqlite:");
+  std::string file = sqlite ? path.substr(7) : path;
+  if (file.starts_with("/")) return path;
+  std::error_code ec;
+  auto abs = std::filesystem::absolute(file, ec);
+  if (ec) return path;
+  return (sqlite ? "sqlite:" : "") + abs.lexically_normal().string();
+}
+
+int RunMount(const MountArgs& given) {
+  // --background's daemon runs in "/" (fuse_daemonize): every path it uses
+  // later (the store, the token file, the mount point to unmount) is made
+  // absolute now, while relative ones still mean what the user meant.
+  MountArgs a = given;
+  a.mountpoint = Absolute(a.mountpoint);
+  a.store.token_file = Absolute(a.store.token_file);
   auto router = std::make_unique<router::Router>();
   vfs::Caller identity;
   if (!a.workspace.empty()) {
@@ -50,9 +74,47 @@ int RunMount(const MountArgs& a) {
       return 2;
     }
   }
-  bool with_store = a.with_store || !a.store.store.empty() ||
-                    std::getenv("AGENTVFS_STORE") != nullptr ||
-                    a.workspace.empty();
+  if (a.no_store &&
+      (a.with_store || !a.store.store.empty() || !a.store.token_file.empty()))
+    return Report("mount",
+                  vfs::Error{EINVAL,
+                             "--no-store serves no store: drop "
+                             "--store, --with-store and --token-file"});
+  if (a.no_store && a.workspace.empty())
+    return Report("mount", vfs::Error{EINVAL,
+                                      "--no-store needs --workspace: there "
+                                      "would be nothing to serve"});
+  bool with_store = !a.no_store && (a.with_store || !a.store.store.empty() ||
+                                    (std::getenv("AGENTVFS_STORE") != nullptr &&
+                                     *std::getenv("AGENTVFS_STORE") != '\0') ||
+                                    a.workspace.empty());
+  // The store by its absolute name, however it was named (flag,
+  // AGENTVFS_STORE, config file).
+  if (with_store)
+    if (auto name = ResolveStoreName(a.store)) a.store.store = Absolute(*name);
+  if (!with_store && !a.store.token_file.empty())
+    return Report("mount", vfs::Error{EINVAL,
+                                      "--token-file is for a store, and none "
+                                      "is named: add --store STORE (or set "
+                                      "AGENTVFS_STORE)"});
+  // What is in a non-empty mount point would be hidden while mounted. (A
+  // mount point that is mounted already gets its own refusal, below.)
+  auto mounted_at = [](const std::string& dir) {
+    std::error_code ec;
+    auto real = std::filesystem::canonical(dir, ec);
+    if (ec) return false;
+    for (const auto& m : vfs::ReadMountTable())
+      if (m.point == real.string()) return true;
+    return false;
+  };
+  if (std::error_code ec; std::filesystem::is_directory(a.mountpoint, ec) &&
+                          !std::filesystem::is_empty(a.mountpoint, ec) && !ec &&
+                          !mounted_at(a.mountpoint))
+    return Report(
+        "mount",
+        vfs::Error{EEXIST, a.mountpoint + " is not empty: mount on an empty "
+                                          "directory (what is in it would be "
+                                          "hidden while the view is mounted)"});
   // The store runs a thread (lease renewal, change feed) and records this
   // process as the holder of its leases. Neither survives the fork of
   // --background, so there the store is opened once to check it (a wrong
@@ -154,6 +216,9 @@ void AddMountCommand(CLI::App& app, int* exit_code) {
   cmd->add_flag("--with-store", args->with_store,
                 "Serve /memories and /skills from the store named by "
                 "$AGENTVFS_STORE or the config file (implied by --store)");
+  cmd->add_flag("--no-store", args->no_store,
+                "Serve /workspace only, even when $AGENTVFS_STORE names a "
+                "store");
   cmd->add_option("--commit-sync", args->commit_sync,
                   "full: every commit at close is fsynced (survives a power "
                   "cut; default); normal: it survives any process crash and "

@@ -103,6 +103,38 @@ TEST(MountLifecycleTest, RefusesAnAlreadyMountedMountPoint) {
   EXPECT_EQ(view->Stop(), 0) << view->Log();
 }
 
+// Refusals before anything is mounted: a mount point with files in it
+// (they would be hidden), a token with no store to use it for, --no-store
+// with a store named.
+TEST(MountLifecycleTest, RefusesWhatWouldHideFilesOrIgnoreAFlag) {
+  TempDir workspace("agentvfs-e2e-ws"), mountpoint("agentvfs-e2e-mnt");
+  testing::UnmountAtExit(mountpoint.path());
+  ASSERT_TRUE(WriteFile(mountpoint.Sub("mine"), "mine"));
+  auto r = RunCommand({AGENTVFS_BINARY, "mount", "--workspace",
+                       workspace.path(), mountpoint.path()},
+                      CommandOptions{.timeout = std::chrono::seconds(15)});
+  EXPECT_NE(r.exit_status, 0);
+  EXPECT_NE(r.output.find("is not empty"), std::string::npos) << r.output;
+  EXPECT_FALSE(MountedView::IsMounted(mountpoint.path()));
+  ASSERT_EQ(unlink(mountpoint.Sub("mine").c_str()), 0);
+  ASSERT_TRUE(WriteFile(workspace.Sub("tok"), "avfs_x\n", 0600));
+  r = RunCommand({AGENTVFS_BINARY, "mount", "--workspace", workspace.path(),
+                  "--token-file", workspace.Sub("tok"), mountpoint.path()},
+                 CommandOptions{.env = {{"AGENTVFS_STORE", ""},
+                                        {"AGENTVFS_CONFIG", "/nonexistent"}},
+                                .timeout = std::chrono::seconds(15)});
+  EXPECT_NE(r.exit_status, 0);
+  EXPECT_NE(r.output.find("--token-file is for a store"), std::string::npos)
+      << r.output;
+  r = RunCommand({AGENTVFS_BINARY, "mount", "--workspace", workspace.path(),
+                  "--no-store", "--store", "x.db", mountpoint.path()},
+                 CommandOptions{.timeout = std::chrono::seconds(15)});
+  EXPECT_NE(r.exit_status, 0);
+  EXPECT_NE(r.output.find("--no-store serves no store"), std::string::npos)
+      << r.output;
+  EXPECT_FALSE(MountedView::IsMounted(mountpoint.path()));
+}
+
 TEST(MountLifecycleTest, BackgroundReturnsOnceMounted) {
   TempDir workspace("agentvfs-e2e-ws"), mountpoint("agentvfs-e2e-mnt");
   ASSERT_TRUE(WriteFile(workspace.Sub("f"), "background"));

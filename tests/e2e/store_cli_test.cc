@@ -971,5 +971,27 @@ TEST_F(StoreCliTest, ABackgroundMountKeepsLeasesAndTheChangeFeed) {
   EXPECT_EQ(versions[1].at("size"), 11);  // "v1\nfrom bg\n"
 }
 
+// --background with relative paths (as the README writes them): the daemon
+// runs in "/", so they are made absolute before it starts (before, it exited
+// 0 and left a dead mount).
+TEST_F(StoreCliTest, ABackgroundMountTakesRelativePaths) {
+  const std::string lead = Init();
+  const std::string dev = AddUser(lead, "dev");
+  ASSERT_TRUE(ApiWrite("dev", "/memories/users/dev/x.md", "relative\n"));
+  ASSERT_TRUE(WriteFile(store_dir_->Sub("dev.token"), dev + "\n", 0600));
+  ASSERT_EQ(mkdir(store_dir_->Sub("mnt").c_str(), 0755), 0);
+  testing::UnmountAtExit(store_dir_->Sub("mnt"));
+  CommandResult r = RunCommand(
+      {AGENTVFS_BINARY, "mount", "--store", "team.db", "--token-file",
+       "dev.token", "--background", "mnt"},
+      CommandOptions{.cwd = store_dir_->path(),
+                     .env = {{"AGENTVFS_CONFIG", work_->Sub("none.yaml")}},
+                     .timeout = std::chrono::seconds(15)});
+  ASSERT_EQ(r.exit_status, 0) << r.output;
+  EXPECT_EQ(ReadFile(store_dir_->Sub("mnt/memories/users/dev/x.md")),
+            "relative\n");
+  EXPECT_TRUE(testing::LazyUnmount(store_dir_->Sub("mnt")));
+}
+
 }  // namespace
 }  // namespace agentvfs::e2e
