@@ -42,6 +42,13 @@ vfs::Result<sandbox::Limits> LimitsFrom(const ExecArgs& a, bool interactive) {
   sandbox::Limits l;
   if (interactive) l.timeout_s = 0;  // a person's shell has no wall clock
   l.output_cap = 16ull << 20;        // a person reads it; keep more
+  for (double v : {a.timeout, a.cpu}) {
+    if (!std::isfinite(v))
+      return vfs::Fail(EINVAL,
+                       "--timeout and --cpu want a number of seconds "
+                       "(0 for none), not " +
+                           std::to_string(v));
+  }
   if (a.timeout >= 0) l.timeout_s = a.timeout;
   // RLIMIT_CPU counts whole seconds; a fraction rounds up (0 means none).
   if (a.cpu >= 0) l.cpu_s = static_cast<uint64_t>(std::ceil(a.cpu));
@@ -89,8 +96,20 @@ int RunInSandbox(const ExecArgs& a, bool interactive) {
     if (const char* term = std::getenv("TERM")) command.env["TERM"] = term;
   }
   if (a.pass_stdin && !interactive) {
-    command.stdin_data.assign(std::istreambuf_iterator<char>(std::cin),
-                              std::istreambuf_iterator<char>());
+    // Read whole before the command starts, so bounded: endless input
+    // (`yes | agentvfs exec --stdin ...`) is an error, not a process that
+    // grows until memory runs out.
+    constexpr size_t kMaxStdin = size_t{64} << 20;
+    char buf[65536];
+    while (std::cin.read(buf, sizeof buf) || std::cin.gcount() > 0) {
+      command.stdin_data.append(buf, static_cast<size_t>(std::cin.gcount()));
+      if (command.stdin_data.size() > kMaxStdin)
+        return Report(cmd_name,
+                      vfs::Error{EFBIG,
+                                 "--stdin takes at most 64 MiB, read before "
+                                 "the command starts; put larger input in a "
+                                 "file in the workspace and read it there"});
+    }
   }
 
   // Before any thread starts (the store's, the view's, the sandbox's), so
@@ -213,7 +232,8 @@ void AddExecCommands(CLI::App& app, int* exit_code) {
                    "Bytes of stdout and of stderr kept each (default 16M; the "
                    "middle is cut, with a note)");
   exec->add_flag("--stdin", exec_args->pass_stdin,
-                 "Feed this command's standard input to the command (default: "
+                 "Feed this command's standard input (up to 64 MiB, read "
+                 "before the command starts) to the command (default: "
                  "/dev/null)");
   exec->add_option("command", exec_args->command, "The command, after --")
       ->required();

@@ -95,6 +95,15 @@ vfs::Status Configure(const RunArgs& a, harness::ClientConfig& client,
     options.budget.output_tokens = a.max_output_tokens;
   if (a.max_seconds >= 0) options.budget.seconds = a.max_seconds;
   if (a.max_cost >= 0) options.budget.cost_usd = a.max_cost;
+  if (options.budget.cost_usd > 0 && options.price.input_per_mtok <= 0 &&
+      options.price.output_per_mtok <= 0)
+    std::cerr << "agentvfs: warning: the config file has no prices for "
+              << client.model << ", so the cost budget ($"
+              << options.budget.cost_usd
+              << ") is not enforced and costs show as $0 (add prices: {"
+              << client.model
+              << ": {input: USD_PER_MTOK, output: "
+                 "USD_PER_MTOK}})\n";
   // A person at this terminal answers approval questions; without one, the
   // session waits for `agentvfs approve|deny` from another terminal.
   options.approve = [](const std::string& summary) -> std::optional<bool> {

@@ -42,6 +42,7 @@
 
 namespace agentvfs::harness {
 
+// Limits of a session over all its runs; 0 (or less) means no limit.
 struct Budget {
   int64_t steps = 50;
   int64_t input_tokens = 5'000'000;

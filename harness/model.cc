@@ -174,7 +174,8 @@ vfs::Result<HttpResponse> PostWithRetries(
     HttpTransport& transport, const RetryPolicy& policy, const std::string& url,
     const std::vector<std::string>& headers, const std::string& body,
     const std::string& key_hint, int* attempts,
-    std::optional<std::chrono::steady_clock::time_point> deadline) {
+    std::optional<std::chrono::steady_clock::time_point> deadline,
+    const std::string& key) {
   using Clock = std::chrono::steady_clock;
   static thread_local std::mt19937 rng{std::random_device{}()};
   auto left = [&]() {
@@ -237,7 +238,13 @@ vfs::Result<HttpResponse> PostWithRetries(
       continue;
     }
     if (r->status >= 200 && r->status < 300) return *r;
+    // A server may echo the request's headers back; the key never goes
+    // into a message (they are logged and shown).
     std::string msg = OneLine(ApiMessage(r->body));
+    if (key.size() >= 8)
+      for (size_t at = msg.find(key); at != std::string::npos;
+           at = msg.find(key, at))
+        msg.replace(at, key.size(), "[the API key]");
     if (r->status == 401 || r->status == 403)
       return Fail(EACCES, "the model API rejected the key (HTTP " +
                               std::to_string(r->status) + ": " + msg +
@@ -295,7 +302,7 @@ class AnthropicClient final : public ModelClient {
     auto r = PostWithRetries(
         *transport_, config_.retry, config_.base_url + "/v1/messages", headers,
         body.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace),
-        "ANTHROPIC_API_KEY", &out.attempts, request.deadline);
+        "ANTHROPIC_API_KEY", &out.attempts, request.deadline, config_.api_key);
     if (!r) return std::unexpected(r.error());
     // A field of an unexpected type (a server that is not quite the API)
     // is a protocol error, not a crash.
@@ -358,7 +365,7 @@ class OpenAiClient final : public ModelClient {
         *transport_, config_.retry, config_.base_url + "/chat/completions",
         headers,
         body.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace),
-        "OPENAI_API_KEY", &out.attempts, request.deadline);
+        "OPENAI_API_KEY", &out.attempts, request.deadline, config_.api_key);
     if (!r) return std::unexpected(r.error());
     try {
       json j = json::parse(r->body, nullptr, false);

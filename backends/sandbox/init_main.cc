@@ -15,6 +15,7 @@
 #include <sys/prctl.h>
 #include <sys/resource.h>
 #include <sys/signalfd.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <termios.h>
 #include <unistd.h>
@@ -154,9 +155,33 @@ void StartCommand(const json& req, std::vector<int>& fds) {
     environ = cenv.data();
     execvp(cargv[0], cargv.data());
     int err = errno;
-    ChildFail(report[1], err,
-              err == ENOENT ? "command not found: " + argv[0]
-                            : "cannot run " + argv[0]);
+    // Say why, as a shell would: a file named by path that exists but does
+    // not run is not "not found".
+    struct stat st;
+    const bool named_file = argv[0].find('/') != std::string::npos &&
+                            stat(argv[0].c_str(), &st) == 0;
+    std::string why;
+    if (err == ENOENT && !named_file) {
+      why = "command not found: " + argv[0];
+    } else if (err == ENOENT) {
+      why = "cannot run " + argv[0] +
+            ": its interpreter (the #! line) or a library it needs was not "
+            "found";
+    } else if (err == EACCES && named_file && S_ISDIR(st.st_mode)) {
+      why = "cannot run " + argv[0] + ": it is a directory";
+    } else if (err == EACCES) {
+      why = "cannot run " + argv[0] +
+            ": permission denied (is it executable? chmod +x, or run it "
+            "with its interpreter, e.g. sh " +
+            argv[0] + ")";
+    } else if (err == ENOEXEC) {
+      why = "cannot run " + argv[0] +
+            ": not an executable format (a script needs a #! line, or run "
+            "it with its interpreter)";
+    } else {
+      why = "cannot run " + argv[0] + ": " + std::strerror(err);
+    }
+    ChildFail(report[1], err, why);
   }
   close(report[1]);
   if (master >= 0) {

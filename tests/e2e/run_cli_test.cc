@@ -101,6 +101,8 @@ TEST_F(RunCliTest, ARunPrintsOneLinePerStepAndIsListedAndShown) {
   EXPECT_THAT(r.output, HasSubstr("-> [exit code 0]"));
   EXPECT_THAT(r.output, HasSubstr("Wrote out.txt."));
   EXPECT_THAT(r.output, HasSubstr("done (the model finished); 2 steps"));
+  // No prices in the config: the cost budget cannot hold, and run says so.
+  EXPECT_THAT(r.output, HasSubstr("the cost budget ($10) is not enforced"));
   EXPECT_EQ(testing::ReadFile(ws_->Sub("out.txt")), "hello\n");
   // The key went to the API in its header, and nowhere into the sandbox.
   auto reqs = api.Requests();

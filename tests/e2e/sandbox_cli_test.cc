@@ -106,6 +106,28 @@ TEST_F(SandboxCliTest, ExecReportsTimeoutsSignalsAndBadInput) {
   auto outside = Exec({"true"}, {"--cwd", "/etc"});
   EXPECT_EQ(outside.exit_status, 2);
   EXPECT_THAT(outside.output, HasSubstr("outside the view"));
+  auto nan = Exec({"true"}, {"--timeout", "nan"});
+  EXPECT_EQ(nan.exit_status, 2);
+  EXPECT_THAT(nan.output, HasSubstr("want a number of seconds"));
+  // A file that exists but does not run says why, not "not found".
+  std::ofstream(ws_->Sub("noexec.sh")) << "echo hi\n";
+  std::ofstream(ws_->Sub("nointerp.sh")) << "#!/no/such/interpreter\necho\n";
+  chmod(ws_->Sub("nointerp.sh").c_str(), 0755);
+  auto noexec = Exec({"/workspace/noexec.sh"});
+  EXPECT_NE(noexec.exit_status, 0);
+  EXPECT_THAT(noexec.output, HasSubstr("permission denied (is it executable?"));
+  auto nointerp = Exec({"/workspace/nointerp.sh"});
+  EXPECT_NE(nointerp.exit_status, 0);
+  EXPECT_THAT(nointerp.output, HasSubstr("its interpreter (the #! line)"));
+  EXPECT_THAT(nointerp.output, ::testing::Not(HasSubstr("command not found")));
+  // --stdin is bounded: endless input is an error, not unbounded memory.
+  auto argv = Args("exec");
+  std::string cmdline = "head -c 70000000 /dev/zero | \"$@\" --stdin -- true";
+  argv.insert(argv.begin(), {"sh", "-c", cmdline, "sh"});
+  auto big = RunCommand(
+      argv, CommandOptions{.env = {{"XDG_RUNTIME_DIR", state_->path()}}});
+  EXPECT_NE(big.exit_status, 0);
+  EXPECT_THAT(big.output, HasSubstr("--stdin takes at most 64 MiB"));
 }
 
 // SIGTERM, SIGHUP or SIGINT to exec with a store: the command is stopped

@@ -231,6 +231,24 @@ TEST(ModelClientTest, BadRequestsAndForeignAnswersAreNotRetried) {
   EXPECT_EQ(api.Requests().size(), 2u);
 }
 
+// A server that echoes the request (headers and all) in its error: the key
+// never reaches the message, which is logged and shown.
+TEST(ModelClientTest, AnErrorThatEchoesTheKeyIsShownWithoutIt) {
+  FakeApi api{{{"status", 400},
+               {"body",
+                {{"error",
+                  {{"message",
+                    "bad request with x-api-key: sk-test-key "
+                    "and again sk-test-key"}}}}}}};
+  auto client = harness::MakeModelClient(Config("anthropic", api.Url()));
+  auto r = (*client)->Complete(Conversation());
+  ASSERT_FALSE(r.has_value());
+  EXPECT_THAT(r.error().message, HasSubstr("bad request with x-api-key"));
+  EXPECT_EQ(r.error().message.find("sk-test-key"), std::string::npos)
+      << r.error().message;
+  EXPECT_THAT(r.error().message, HasSubstr("[the API key]"));
+}
+
 TEST(ModelClientTest, ANetworkFailureIsRetriedThenReported) {
   // A port nothing listens on.
   int fd = socket(AF_INET, SOCK_STREAM, 0);
