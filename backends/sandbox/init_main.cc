@@ -20,6 +20,7 @@
 #include <termios.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
@@ -39,6 +40,18 @@ int g_sock = -1;
 std::map<pid_t, uint64_t> g_running;  // command pid -> request id
 
 // Child side of a failed start: tells the init why, then exits.
+// As ChildFail, without the heap (for use after the limits are set).
+[[noreturn]] void ChildFailText(int report_fd, int err, const char* what) {
+  char msg[1100];
+  int n = std::snprintf(msg, sizeof msg, "%d %s", err, what);
+  if (n > 0) {
+    ssize_t ignored =
+        write(report_fd, msg, std::min(static_cast<size_t>(n), sizeof msg - 1));
+    (void)ignored;
+  }
+  _exit(127);
+}
+
 [[noreturn]] void ChildFail(int report_fd, int err, const std::string& what) {
   std::string msg = std::to_string(err) + " " + what;
   ssize_t ignored = write(report_fd, msg.data(), msg.size());
@@ -156,32 +169,37 @@ void StartCommand(const json& req, std::vector<int>& fds) {
     execvp(cargv[0], cargv.data());
     int err = errno;
     // Say why, as a shell would: a file named by path that exists but does
-    // not run is not "not found".
+    // not run is not "not found". No heap from here on: the limits above
+    // (RLIMIT_DATA) may leave none.
     struct stat st;
-    const bool named_file = argv[0].find('/') != std::string::npos &&
-                            stat(argv[0].c_str(), &st) == 0;
-    std::string why;
+    const char* cmd = cargv[0];
+    const bool named_file =
+        std::strchr(cmd, '/') != nullptr && stat(cmd, &st) == 0;
+    char why[1024];
     if (err == ENOENT && !named_file) {
-      why = "command not found: " + argv[0];
+      std::snprintf(why, sizeof why, "command not found: %s", cmd);
     } else if (err == ENOENT) {
-      why = "cannot run " + argv[0] +
-            ": its interpreter (the #! line) or a library it needs was not "
-            "found";
+      std::snprintf(why, sizeof why,
+                    "cannot run %s: its interpreter (the #! line) or a "
+                    "library it needs was not found",
+                    cmd);
     } else if (err == EACCES && named_file && S_ISDIR(st.st_mode)) {
-      why = "cannot run " + argv[0] + ": it is a directory";
+      std::snprintf(why, sizeof why, "cannot run %s: it is a directory", cmd);
     } else if (err == EACCES) {
-      why = "cannot run " + argv[0] +
-            ": permission denied (is it executable? chmod +x, or run it "
-            "with its interpreter, e.g. sh " +
-            argv[0] + ")";
+      std::snprintf(why, sizeof why,
+                    "cannot run %s: permission denied (is it executable? "
+                    "chmod +x, or run it with its interpreter, e.g. sh %s)",
+                    cmd, cmd);
     } else if (err == ENOEXEC) {
-      why = "cannot run " + argv[0] +
-            ": not an executable format (a script needs a #! line, or run "
-            "it with its interpreter)";
+      std::snprintf(why, sizeof why,
+                    "cannot run %s: not an executable format (a script "
+                    "needs a #! line, or run it with its interpreter)",
+                    cmd);
     } else {
-      why = "cannot run " + argv[0] + ": " + std::strerror(err);
+      std::snprintf(why, sizeof why, "cannot run %s: %s", cmd,
+                    std::strerror(err));
     }
-    ChildFail(report[1], err, why);
+    ChildFailText(report[1], err, why);
   }
   close(report[1]);
   if (master >= 0) {
