@@ -993,5 +993,49 @@ TEST_F(StoreCliTest, ABackgroundMountTakesRelativePaths) {
   EXPECT_TRUE(testing::LazyUnmount(store_dir_->Sub("mnt")));
 }
 
+// A file open in one mount keeps its size and bytes when another mount
+// replaces it by a rename (as editors and sed -i save): fstat and reads of
+// the open file answer for it, not for the file now at its name (before,
+// the reader's fstat showed the new file and its reads stopped at the new,
+// smaller size).
+TEST_F(StoreCliTest, AFileOpenInOneMountSurvivesItsReplacementInAnother) {
+  const std::string lead = Init();
+  const std::string dev = AddUser(lead, "dev");
+  ASSERT_TRUE(WriteFile(work_->Sub("dev.token"), dev + "\n", 0600));
+  const std::string big(100000, 'Y');
+  ASSERT_TRUE(ApiWrite("dev", "/memories/users/dev/w.txt", big));
+  TempDir ws("agentvfs-cli-ws"), ma("agentvfs-cli-ma"), mb("agentvfs-cli-mb");
+  std::string error;
+  const std::vector<std::string> as_dev = {"--store", db_, "--token-file",
+                                           work_->Sub("dev.token")};
+  auto a = MountedView::Start(ws.path(), ma.path(), as_dev, &error);
+  ASSERT_NE(a, nullptr) << error;
+  auto b = MountedView::Start(ws.path(), mb.path(), as_dev, &error);
+  ASSERT_NE(b, nullptr) << error;
+  const std::string in_b = mb.path() + "/memories/users/dev/w.txt";
+  int fd = open(in_b.c_str(), O_RDONLY);
+  ASSERT_GE(fd, 0) << strerror(errno);
+  struct stat before;
+  ASSERT_EQ(fstat(fd, &before), 0);
+  ASSERT_EQ(before.st_size, 100000);
+  // Mount a saves a new, short version the editor way.
+  const std::string dir_a = ma.path() + "/memories/users/dev/";
+  ASSERT_TRUE(WriteFile(dir_a + "w.tmp", "short\n"));
+  ASSERT_EQ(rename((dir_a + "w.tmp").c_str(), (dir_a + "w.txt").c_str()), 0);
+  std::this_thread::sleep_for(std::chrono::milliseconds(1500));  // feed
+  struct stat after;
+  ASSERT_EQ(fstat(fd, &after), 0);
+  EXPECT_EQ(after.st_size, 100000) << "fstat answered for the new file";
+  EXPECT_EQ(after.st_ino, before.st_ino);
+  std::string got(200000, '\0');
+  ssize_t n = pread(fd, got.data(), got.size(), 0);
+  EXPECT_EQ(n, 100000) << "the open file's reads were cut short";
+  close(fd);
+  // The name itself shows the new file in both mounts.
+  EXPECT_EQ(ReadFile(in_b), "short\n");
+  EXPECT_EQ(b->Stop(), 0) << b->Log();
+  EXPECT_EQ(a->Stop(), 0) << a->Log();
+}
+
 }  // namespace
 }  // namespace agentvfs::e2e

@@ -651,6 +651,14 @@ class FuseServer::Impl {
     if (gone->registered) ReleaseBacking(gone->ino);
   }
   // Any open handle of node `ino`, or null.
+  // The backend file node `ino` stands for (its dev and inode number when
+  // it was looked up); nullopt for the root and unknown nodes.
+  std::optional<FileKey> KeyOf(fuse_ino_t ino) {
+    std::lock_guard lock(table_mu_);
+    auto it = nodes_.find(ino);
+    if (ino == FUSE_ROOT_ID || it == nodes_.end()) return std::nullopt;
+    return it->second.key;
+  }
   std::shared_ptr<vfs::FileHandle> AnyFileOf(fuse_ino_t ino) {
     std::lock_guard lock(handles_mu_);
     for (const auto& [raw, f] : files_)
@@ -1087,6 +1095,15 @@ void OpGetattr(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
       st = FileOf(fi)->Stat();
     } else if (auto path = self->PathOf(ino); path) {
       st = self->backend_.Stat(self->CallerFor(req), *path);
+      // The name may hold another file by now (replaced through another
+      // mount, or beside this one) while this one is open here: a stat of
+      // the open file (fstat, /proc/PID/fd) answers for it, not for its
+      // successor, whose size would cut the open file's reads short.
+      if (st) {
+        auto key = self->KeyOf(ino);
+        if (key && (key->dev != st->st_dev || key->ino != st->st_ino))
+          if (auto open = self->AnyFileOf(ino)) st = open->Stat();
+      }
     } else {
       // No name left (unlinked, renamed over) while a process still holds
       // the file open: fstat(2) asks without a handle, and must work.
