@@ -387,19 +387,18 @@ vfs::Result<Message> Agent::Answer(
       // harness stopped while waiting asks again when resumed.
       if (auto refused = Approve(b)) {
         result = std::move(*refused);
-        if (Interrupted()) {  // not recorded: a resume asks again
-          reply.content.push_back(
-              ContentBlock::ToolResult(b.id, result.text, result.is_error));
-          continue;
+        // A denial is recorded, so a resume replays it; a wait that an
+        // interrupt ended is not, so a resume asks again.
+        if (!Interrupted()) {
+          if (auto ok = log_.Append(session_.id, "tool_finished",
+                                    {{"id", b.id},
+                                     {"name", b.name},
+                                     {"result", result.text},
+                                     {"is_error", true},
+                                     {"not_run", true}});
+              !ok)
+            return std::unexpected(ok.error());
         }
-        if (auto ok = log_.Append(session_.id, "tool_finished",
-                                  {{"id", b.id},
-                                   {"name", b.name},
-                                   {"result", result.text},
-                                   {"is_error", true},
-                                   {"not_run", true}});
-            !ok)
-          return std::unexpected(ok.error());
         reply.content.push_back(
             ContentBlock::ToolResult(b.id, result.text, result.is_error));
         continue;

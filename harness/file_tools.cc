@@ -361,7 +361,7 @@ vfs::Status FileTools::WriteWhole(vfs::FileHandle& h, const vfs::Path& path,
   auto failed = [&](vfs::Error e, bool touched) -> vfs::Status {
     if (e.message.empty())
       e.message = vfs::ErrnoName(e.code) + " writing " + path.str();
-    std::string left = "; " + path.str() + " was left as it was";
+    std::string changed;  // what became of the file, unless it is as it was
     if (!at_once) {
       h.Discard();  // nothing of this edit is committed, now or later
     } else if (touched && original != nullptr) {
@@ -375,13 +375,15 @@ vfs::Status FileTools::WriteWhole(vfs::FileHandle& h, const vfs::Path& path,
       }
       back = back && h.Truncate(static_cast<off_t>(original->size()));
       if (!back)
-        left = "; putting back the former content of " + path.str() +
-               " failed too: the file may be damaged";
+        changed = "; putting back the former content of " + path.str() +
+                  " failed too: the file may be damaged";
     } else if (touched) {
-      left = "; " + path.str() + " may now hold part of the new text";
+      changed = "; " + path.str() + " may now hold part of the new text";
     }
-    if (report_kept || left.find("was left") == std::string::npos)
-      e.message += left;
+    if (!changed.empty())
+      e.message += changed;
+    else if (report_kept)
+      e.message += "; " + path.str() + " was left as it was";
     return std::unexpected(std::move(e));
   };
   if (at_once && !content.empty()) {
