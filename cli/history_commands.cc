@@ -52,7 +52,19 @@ nlohmann::json VersionJson(const store::VersionInfo& v) {
   };
 }
 
-void PrintHistoryTable(const std::vector<store::VersionInfo>& versions) {
+// `path` for a terminal: control characters are shown as '?'.
+std::string Shown(std::string path) {
+  for (char& c : path) {
+    if (static_cast<unsigned char>(c) < 0x20 || c == 0x7f) c = '?';
+  }
+  return path;
+}
+
+// `path` is the one the history was asked for; a version made under
+// another name (a temporary file an editor renamed over it, or before a
+// move) says where.
+void PrintHistoryTable(const std::vector<store::VersionInfo>& versions,
+                       const std::string& path) {
   size_t author_width = 6, session_width = 7;
   for (const auto& v : versions) {
     author_width = std::max(author_width, v.author.size());
@@ -74,9 +86,13 @@ void PrintHistoryTable(const std::vector<store::VersionInfo>& versions) {
   };
   row("VERSION", "TIME (UTC)", "AUTHOR", "SESSION", "SIZE", "HASH", "");
   for (const auto& v : versions) {
+    std::string note = v.deleted ? "deleted" : "";
+    if (v.path != path) {
+      note += (note.empty() ? "at " : " at ") + Shown(v.path);
+    }
     row(std::to_string(v.n), UtcTime(v.time_ns), v.author, v.session,
         v.deleted ? "-" : std::to_string(v.size), v.content_hash.substr(0, 12),
-        v.deleted ? "deleted" : "");
+        note);
   }
 }
 
@@ -144,7 +160,7 @@ void AddHistory(CLI::App& app, int* exit_code) {
                         << "\n";
             }
           } else {
-            PrintHistoryTable(*versions);
+            PrintHistoryTable(*versions, path->str());
           }
           return {};
         });

@@ -2098,26 +2098,62 @@ bool Readable(const Policy& p, const std::string& path) {
 constexpr const char* kVersionColumns =
     "n, path, author, session, time_ns, size, content, mode, deleted";
 
-// The file at `path` now, or else the last deleted file that had that path.
-// A file that moved away and still lives under another name is not found
-// here: its history goes with it, and its new place may be one the caller
-// cannot read. A name `policy` hides (reached through a symlink, say) is
-// answered as a missing one, whatever it is, and so is a path that cannot
-// be walked.
-Result<int64_t> FileOfPath(Txn& txn, const Policy& policy,
-                           const std::string& path, std::string* canon) {
+// One file of a path's history: its inode, and the number its versions
+// start after in the numbering `history` shows.
+struct TimelineFile {
+  int64_t ino = 0;
+  int64_t offset = 0;
+};
+
+// The files that have had `path`, oldest first, numbered as one history:
+// each deleted file whose last name was removed there (by rm, or by a rename
+// over it: an editor's or `sed -i`'s save), in the order they went, then the
+// file at `path` now. A version's number is its file's offset plus its own
+// number in that file, so the numbers a path showed stay as they were when
+// the next file takes the name (a deleted file's numbers are final). When
+// no file went from there, the last deleted file that had the path at all
+// stands alone. A file that moved away and still lives under another name
+// is not here: its history goes with it, and its new place may be one the
+// caller cannot read. A name `policy` hides (reached through a symlink, say)
+// is answered as a missing one, whatever it is, and so is a path that
+// cannot be walked. `canon` gets the path without symlinks.
+Result<std::vector<TimelineFile>> TimelineOf(Txn& txn, const Policy& policy,
+                                             const std::string& path,
+                                             std::string* canon) {
   auto walked = WalkFor(txn, policy, path, false);
   if (!walked && walked.error().code != ENOENT &&
       walked.error().code != ENOTDIR && walked.error().code != ELOOP) {
     return std::unexpected(walked.error());
   }
+  int64_t live = 0;
+  *canon = path;
   if (walked && walked->node && policy.Visible(walked->path)) {
     const Walked& w = *walked;
     if (w.node->IsDir()) return Fail(EISDIR, path + " is a directory");
     if (w.node->IsLink()) return Fail(EINVAL, path + " is a symlink");
     *canon = w.path;
-    return w.node->ino;
+    live = w.node->ino;
   }
+  // A deleted file's last version is its tombstone, made where its last
+  // name was removed.
+  auto gone = txn.Query(
+      "SELECT v.ino, v.n FROM versions v JOIN inodes i ON i.ino = v.ino "
+      "WHERE v.path = ? AND v.deleted = 1 AND i.nlink = 0 AND v.ino != ? "
+      "AND v.n = (SELECT MAX(n) FROM versions l WHERE l.ino = v.ino) "
+      "ORDER BY v.time_ns, v.ino",
+      {*canon, live});
+  if (!gone) return std::unexpected(gone.error());
+  std::vector<TimelineFile> files;
+  int64_t offset = 0;
+  for (const auto& r : *gone) {
+    files.push_back({AsInt(r[0]), offset});
+    offset += AsInt(r[1]);
+  }
+  if (live != 0) {
+    files.push_back({live, offset});
+    return files;
+  }
+  if (!files.empty()) return files;
   auto rows = txn.Query(
       "SELECT v.ino FROM versions v JOIN inodes i ON i.ino = v.ino "
       "WHERE v.path = ? AND i.nlink = 0 ORDER BY v.time_ns DESC LIMIT 1",
@@ -2128,8 +2164,32 @@ Result<int64_t> FileOfPath(Txn& txn, const Policy& policy,
                             " and no deleted file was there (a file that was "
                             "renamed keeps its history under its new name)");
   }
-  *canon = path;
-  return AsInt((*rows)[0][0]);
+  files.push_back({AsInt((*rows)[0][0]), 0});
+  return files;
+}
+
+// The file at `path` now, or else the last deleted file that had it: the
+// one a restore brings back or writes over, and a purge starts from.
+Result<int64_t> FileOfPath(Txn& txn, const Policy& policy,
+                           const std::string& path, std::string* canon) {
+  TRY_ASSIGN(files, TimelineOf(txn, policy, path, canon));
+  return files.back().ino;
+}
+
+// Version `n` of `path`'s history (as History numbers them): the file it
+// belongs to and its number there. ENOENT when there is no such version.
+Result<std::pair<int64_t, int64_t>> VersionOfPath(Txn& txn,
+                                                  const Policy& policy,
+                                                  const std::string& path,
+                                                  int64_t n,
+                                                  std::string* canon) {
+  TRY_ASSIGN(files, TimelineOf(txn, policy, path, canon));
+  for (size_t i = files.size(); i-- > 0;) {
+    if (n > files[i].offset)
+      return std::pair{files[i].ino, n - files[i].offset};
+  }
+  return Fail(ENOENT, path + " has no version " + std::to_string(n) +
+                          "; `agentvfs history` lists them");
 }
 
 }  // namespace
@@ -2141,17 +2201,20 @@ Result<std::vector<VersionInfo>> StoreBackend::History(const Caller& c,
   std::vector<VersionInfo> out;
   TRY(engine_->Read([&](Txn& txn) -> Status {
     std::string canon;
-    TRY_ASSIGN(ino, FileOfPath(txn, *policy, path.str(), &canon));
+    TRY_ASSIGN(files, TimelineOf(txn, *policy, path.str(), &canon));
     TRY(Impl::NeedRead(*policy, canon));
-    auto rows = txn.Query(std::string("SELECT ") + kVersionColumns +
-                              " FROM versions WHERE ino = ? ORDER BY n",
-                          {ino});
-    if (!rows) return std::unexpected(rows.error());
-    for (const auto& r : *rows) {
-      VersionInfo v = VersionFromRow(r);
-      // A version made while the file lived where this caller cannot read
-      // stays hidden, as the file was then.
-      if (Readable(*policy, v.path)) out.push_back(std::move(v));
+    for (const TimelineFile& f : files) {
+      auto rows = txn.Query(std::string("SELECT ") + kVersionColumns +
+                                " FROM versions WHERE ino = ? ORDER BY n",
+                            {f.ino});
+      if (!rows) return std::unexpected(rows.error());
+      for (const auto& r : *rows) {
+        VersionInfo v = VersionFromRow(r);
+        v.n += f.offset;
+        // A version made while the file lived where this caller cannot read
+        // stays hidden, as the file was then.
+        if (Readable(*policy, v.path)) out.push_back(std::move(v));
+      }
     }
     return {};
   }));
@@ -2163,15 +2226,15 @@ Result<std::unique_ptr<vfs::FileHandle>> StoreBackend::OpenVersion(
   TRY_ASSIGN(policy, impl_->PolicyOf(c));
   TRY(Impl::NeedRead(*policy, path.str()));
   VersionInfo v;
-  int64_t ino = 0;
+  int64_t ino = 0, file_n = 0;  // the file and the version's number in it
   TRY(engine_->Read([&](Txn& txn) -> Status {
     std::string canon;
-    TRY_ASSIGN(found, FileOfPath(txn, *policy, path.str(), &canon));
+    TRY_ASSIGN(found, VersionOfPath(txn, *policy, path.str(), n, &canon));
     TRY(Impl::NeedRead(*policy, canon));
-    ino = found;
+    std::tie(ino, file_n) = found;
     auto rows = txn.Query(std::string("SELECT ") + kVersionColumns +
                               " FROM versions WHERE ino = ? AND n = ?",
-                          {ino, n});
+                          {ino, found.second});
     if (!rows) return std::unexpected(rows.error());
     if (rows->empty() || !Readable(*policy, AsText((*rows)[0][1]))) {
       return Fail(ENOENT, path.str() + " has no version " + std::to_string(n) +
@@ -2188,8 +2251,9 @@ Result<std::unique_ptr<vfs::FileHandle>> StoreBackend::OpenVersion(
   auto node = std::make_shared<OpenNode>();
   node->ino = ino;
   node->path = v.path;
-  return std::unique_ptr<vfs::FileHandle>(new StoreFile(
-      *impl_, c, std::move(node), O_RDONLY, false, v.content_hash, v.size, n));
+  return std::unique_ptr<vfs::FileHandle>(
+      new StoreFile(*impl_, c, std::move(node), O_RDONLY, false, v.content_hash,
+                    v.size, file_n));
 }
 
 Result<VersionInfo> StoreBackend::Restore(const Caller& c, const Path& path,
@@ -2201,12 +2265,15 @@ Result<VersionInfo> StoreBackend::Restore(const Caller& c, const Path& path,
   std::string content;
   bool deleted = false;  // no file at the path: a deleted one comes back
   TRY(engine_->Read([&](Txn& txn) -> Status {
+    // Version n may be of a file that had the path before the last one.
     std::string canon;
     TRY_ASSIGN(ino, FileOfPath(txn, *policy, path.str(), &canon));
     TRY_ASSIGN(inode, LoadInode(txn, ino));
     deleted = inode && inode->deleted;
-    auto rows = txn.Query(
-        "SELECT mode, content FROM versions WHERE ino = ? AND n = ?", {ino, n});
+    TRY_ASSIGN(source, VersionOfPath(txn, *policy, path.str(), n, &canon));
+    auto rows =
+        txn.Query("SELECT mode, content FROM versions WHERE ino = ? AND n = ?",
+                  {source.first, source.second});
     if (!rows) return std::unexpected(rows.error());
     if (rows->empty())
       return Fail(ENOENT, path.str() + " has no version " + std::to_string(n));

@@ -63,7 +63,7 @@ struct StoreOptions {
 
 // One entry of a file's history.
 struct VersionInfo {
-  int64_t n = 0;
+  int64_t n = 0;     // its number in the path's history (StoreBackend::History)
   std::string path;  // the path the file had at this version
   std::string author;
   std::string session;
@@ -128,15 +128,20 @@ class StoreBackend final : public vfs::Backend {
   void SetChangeListener(vfs::ChangeListener* listener) override;
 
   // --- History (needs read on the path; Restore needs write; Purge admin) --
-  // Versions of the file at `path`, oldest first. When no file has that
-  // name now, the history of the last file that had it (deleted files stay
-  // recoverable until purged).
+  // Versions of the file at `path`, oldest first, after those of the
+  // deleted files that had the name before it: a file removed there, or
+  // replaced by a rename over it (an editor's or `sed -i`'s save), in the
+  // order they went. Numbered 1, 2, ... along the whole path, so numbers
+  // already shown keep their meaning when a save replaces the file (until a
+  // purge). When no file has that name now, the same without a current
+  // file (deleted files stay recoverable until purged).
   vfs::Result<std::vector<VersionInfo>> History(const vfs::Caller& c,
                                                 const vfs::Path& path);
-  // Opens version `n` of the file at (or last at) `path` read-only.
+  // Opens version `n` of `path`'s history (as History numbers it) read-only.
   vfs::Result<std::unique_ptr<vfs::FileHandle>> OpenVersion(
       const vfs::Caller& c, const vfs::Path& path, int64_t n);
-  // Commits version `n`'s content (and mode) as a new version at `path`,
+  // Commits version `n`'s content (and mode) as a new version at `path`
+  // (version `n` of its history, perhaps of a file the current one replaced),
   // bringing a deleted file back as itself (its history continues) with any
   // missing parent directories. Nothing is rewritten: the restore is itself
   // a version.

@@ -182,6 +182,21 @@ class StoreCliTest : public ::testing::Test {
     return ::testing::AssertionSuccess();
   }
 
+  // `agentvfs mount` of this test's store as the owner of `token` (handed
+  // over in a file only the owner can read), with the workspace `ws`, at
+  // `mnt`; nullptr and `error` when it does not mount.
+  std::unique_ptr<MountedView> MountAs(const std::string& token,
+                                       const TempDir& ws, const TempDir& mnt,
+                                       std::string* error) {
+    const std::string file = work_->Sub("mount.token");
+    if (!WriteFile(file, token + "\n", 0600)) {
+      *error = "cannot write " + file;
+      return nullptr;
+    }
+    return MountedView::Start(ws.path(), mnt.path(),
+                              {"--store", db_, "--token-file", file}, error);
+  }
+
   // The versions `history --json` prints.
   std::vector<nlohmann::json> History(const std::string& token,
                                       const std::string& path) {
@@ -652,13 +667,10 @@ TEST_F(StoreCliTest, MountServesTheStoreAsTheUser) {
   MustAs(lead, {"skills", "import", MakeSkills()});
   ASSERT_TRUE(ApiWrite("lead", "/memories/users/lead/private.md", "mine"));
   ASSERT_TRUE(ApiWrite("lead", "/memories/org/oncall.md", "alice\n"));
-  ASSERT_TRUE(WriteFile(work_->Sub("dev.token"), dev + "\n", 0600));
 
   TempDir ws("agentvfs-cli-ws"), mnt("agentvfs-cli-mnt");
   std::string error;
-  auto view = MountedView::Start(
-      ws.path(), mnt.path(),
-      {"--store", db_, "--token-file", work_->Sub("dev.token")}, &error);
+  auto view = MountAs(dev, ws, mnt, &error);
   ASSERT_NE(view, nullptr) << error;
   const std::string root = view->mountpoint();
   EXPECT_EQ(ListDir(root),
@@ -698,6 +710,46 @@ TEST_F(StoreCliTest, MountServesTheStoreAsTheUser) {
   EXPECT_TRUE(
       versions[0].at("session").get<std::string>().starts_with("mount-"));
   EXPECT_EQ(MustAs(lead, {"cat", "/memories/teams/eng/plan.md"}), "ship it\n");
+}
+
+// `sed -i` through a mount writes a new file and renames it over the old
+// one; `history` still lists the file's earlier versions, and `cat` and
+// `restore` reach them by the numbers it shows.
+TEST_F(StoreCliTest, SedInPlaceThroughAMountKeepsTheHistory) {
+  const std::string lead = Init();
+  const std::string dev = AddUser(lead, "dev");
+  TempDir ws("agentvfs-cli-ws"), mnt("agentvfs-cli-mnt");
+  std::string error;
+  auto view = MountAs(dev, ws, mnt, &error);
+  ASSERT_NE(view, nullptr) << error;
+  const std::string file = "/memories/users/dev/plan.md";
+  const std::string mounted = view->mountpoint() + file;
+  ASSERT_TRUE(WriteFile(mounted, "step one\n"));
+  for (const char* edit : {"s/one/two/", "s/two/three/"}) {
+    CommandResult sed = RunCommand({"sed", "-i", edit, mounted});
+    ASSERT_EQ(sed.exit_status, 0) << sed.output;
+  }
+  EXPECT_EQ(ReadFile(mounted), "step three\n");
+  EXPECT_EQ(view->Stop(), 0) << view->Log();
+
+  // one, its end, two (written under sed's temporary name), its end, three.
+  auto versions = History(dev, file);
+  ASSERT_EQ(versions.size(), 5u) << MustAs(dev, {"history", file});
+  for (size_t i = 0; i < versions.size(); ++i) {
+    EXPECT_EQ(versions[i].at("version"), static_cast<int64_t>(i + 1));
+  }
+  EXPECT_EQ(versions[1].at("deleted"), true);
+  EXPECT_EQ(versions[3].at("deleted"), true);
+  EXPECT_NE(versions[2].at("path"), file);
+  EXPECT_EQ(MustAs(dev, {"cat", file, "--version", "1"}), "step one\n");
+  EXPECT_EQ(MustAs(dev, {"cat", file, "--version", "3"}), "step two\n");
+  // The table says where a version was written when not at the path.
+  std::string table = MustAs(dev, {"history", file});
+  EXPECT_TRUE(Contains(table, "deleted")) << table;
+  EXPECT_TRUE(Contains(table, "at /memories/users/dev/")) << table;
+  EXPECT_TRUE(Contains(MustAs(dev, {"restore", file, "--version", "1"}),
+                       "as version 6"));
+  EXPECT_EQ(MustAs(dev, {"cat", file}), "step one\n");
 }
 
 TEST_F(StoreCliTest, TheStoreIsNamedByFlagVariableOrConfigFile) {

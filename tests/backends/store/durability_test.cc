@@ -26,8 +26,10 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <limits>
 #include <map>
 #include <memory>
+#include <numeric>
 #include <optional>
 #include <random>
 #include <set>
@@ -371,7 +373,10 @@ struct Commit {
 struct FileModel {
   std::string path;  // where it is, or was last
   bool alive = true;
-  bool unlinked = false;  // removed by unlink (History(path) still finds it)
+  // Once not alive: when its last name went (by unlink, or by a rename over
+  // it), 1, 2, ... in order. History(path) lists such files in that order,
+  // each closed by its tombstone, then the file there now.
+  int ended = 0;
   std::vector<Commit> commits;      // every commit, acknowledged or proven
   size_t verified = 0;              // commits already found in History
   std::vector<std::string> hashes;  // content_hash of the verified ones
@@ -380,6 +385,7 @@ struct FileModel {
 struct Model {
   std::vector<FileModel> files;
   std::map<std::string, size_t> at;  // path -> index into files (alive)
+  int ends = 0;                      // files whose last name went
 
   // Applies one step; an error text when it cannot apply (the writer broke
   // its own protocol, or the test's bookkeeping is wrong).
@@ -399,6 +405,7 @@ struct Model {
         size_t moving = at[s.path];
         if (auto it = at.find(s.to); it != at.end()) {
           files[it->second].alive = false;  // replaced: a tombstone
+          files[it->second].ended = ++ends;
         }
         at.erase(s.path);
         at[s.to] = moving;
@@ -409,12 +416,22 @@ struct Model {
         if (!at.count(s.path)) return "unlink of missing " + s.path;
         FileModel& f = files[at[s.path]];
         f.alive = false;
-        f.unlinked = true;
+        f.ended = ++ends;
         at.erase(s.path);
         return "";
       }
     }
     return "bad step";
+  }
+
+  // How many versions History(path) lists: the commits of every file that
+  // is at `path` or whose last name went there, and their tombstones.
+  size_t HistoryLengthOf(const std::string& path) const {
+    size_t n = 0;
+    for (const auto& f : files) {
+      if (f.path == path) n += f.commits.size() + (f.alive ? 0 : 1);
+    }
+    return n;
   }
 
   std::string ContentOf(size_t file) const {
@@ -605,9 +622,9 @@ class DurabilityTest : public ::testing::Test {
     if (pending && diff_next.empty()) {
       // Both states may have the same bytes (an empty file committed
       // empty); then the number of versions tells them apart.
-      took_next = !diff_acked.empty() ||
-                  HistoryLength(*backend, c, pending->path) ==
-                      next.files[next.at[pending->path]].commits.size();
+      took_next =
+          !diff_acked.empty() || HistoryLength(*backend, c, pending->path) ==
+                                     next.HistoryLengthOf(pending->path);
     }
     ASSERT_TRUE(diff_acked.empty() || took_next)
         << "after the kill the store is neither the acknowledged state:"
@@ -645,56 +662,81 @@ class DurabilityTest : public ::testing::Test {
   }
 
   // Every commit of the model is exactly one version in History, in order,
-  // byte-identical; nothing else is. Content of versions checked before is
-  // read again only when `reread_all`.
+  // byte-identical, and every file whose last name went has its tombstone
+  // there; nothing else is. History(path) holds the files whose last name
+  // went at the path, in the order they went, then the file there now.
+  // Content of versions checked before is read again only when
+  // `reread_all`.
   void VerifyVersions(StoreBackend& backend, const vfs::Caller& c,
                       bool reread_all) {
-    for (auto& f : model_.files) {
-      if (!f.alive && !f.unlinked) {
-        // Replaced by a rename: unreachable by path, and checked before.
-        EXPECT_EQ(f.verified, f.commits.size()) << f.path;
-        continue;
+    std::vector<size_t> order(model_.files.size());
+    std::iota(order.begin(), order.end(), size_t{0});
+    auto rank = [&](size_t i) {
+      const FileModel& f = model_.files[i];
+      return f.alive ? std::numeric_limits<int>::max() : f.ended;
+    };
+    std::stable_sort(order.begin(), order.end(),
+                     [&](size_t a, size_t b) { return rank(a) < rank(b); });
+    std::map<std::string, std::vector<size_t>> timelines;
+    for (size_t i : order) timelines[model_.files[i].path].push_back(i);
+    for (const auto& [path, files] : timelines) {
+      size_t expected = 0;
+      bool checked = true;
+      for (size_t i : files) {
+        const FileModel& f = model_.files[i];
+        size_t versions = f.commits.size() + (f.alive ? 0 : 1);
+        expected += versions;
+        checked = checked && f.verified == f.commits.size() &&
+                  f.hashes.size() == versions;
       }
-      if (!reread_all && f.verified == f.commits.size() &&
-          f.hashes.size() == f.commits.size() + (f.unlinked ? 1 : 0)) {
-        continue;
-      }
-      SCOPED_TRACE(f.path);
-      ASSERT_OK_AND_ASSIGN(auto history, backend.History(c, P(f.path)));
+      if (!reread_all && checked) continue;
+      SCOPED_TRACE(path);
+      ASSERT_OK_AND_ASSIGN(auto history, backend.History(c, P(path)));
       std::string listing;
       for (const auto& v : history) {
         listing += "\n  n=" + std::to_string(v.n) +
                    " size=" + std::to_string(v.size) + " session=" + v.session +
                    (v.deleted ? " deleted" : "");
       }
-      ASSERT_EQ(history.size(), f.commits.size() + (f.unlinked ? 1 : 0))
-          << "versions of " << f.path << " (" << f.commits.size()
-          << " commits expected" << (f.unlinked ? " and a tombstone" : "")
-          << "):" << listing;
-      for (size_t i = 0; i < f.commits.size(); ++i) {
-        const Commit& want = f.commits[i];
-        const VersionInfo& v = history[i];
-        SCOPED_TRACE("version n=" + std::to_string(v.n));
-        EXPECT_FALSE(v.deleted);
-        EXPECT_EQ(v.size, want.size);
-        EXPECT_EQ(v.author, "w");
-        EXPECT_EQ(v.session, WriterSession(want.round));
-        if (i < f.hashes.size()) {
-          EXPECT_EQ(v.content_hash, f.hashes[i]) << "a checked version changed";
+      ASSERT_EQ(history.size(), expected)
+          << "versions of " << path << " (" << expected
+          << " expected: the commits of " << files.size()
+          << " file(s), and a tombstone for each that went):" << listing;
+      size_t at = 0;  // where the file's versions start in `history`
+      for (size_t i : files) {
+        FileModel& f = model_.files[i];
+        for (size_t k = 0; k < f.commits.size(); ++k) {
+          const Commit& want = f.commits[k];
+          const VersionInfo& v = history[at + k];
+          SCOPED_TRACE("version n=" + std::to_string(v.n));
+          EXPECT_EQ(v.n, static_cast<int64_t>(at + k + 1));
+          EXPECT_FALSE(v.deleted);
+          EXPECT_EQ(v.size, want.size);
+          EXPECT_EQ(v.author, "w");
+          EXPECT_EQ(v.session, WriterSession(want.round));
+          if (k < f.hashes.size()) {
+            EXPECT_EQ(v.content_hash, f.hashes[k])
+                << "a checked version changed";
+          }
+          if (k >= f.verified || reread_all) {
+            ASSERT_OK_AND_ASSIGN(auto got, ReadVersion(backend, c, path, v.n));
+            EXPECT_EQ(Mismatch(got, Content(want.round, want.seq, want.size)),
+                      "");
+            ++stats_.versions_read;
+          }
         }
-        if (i >= f.verified || reread_all) {
-          ASSERT_OK_AND_ASSIGN(auto got, ReadVersion(backend, c, f.path, v.n));
-          EXPECT_EQ(Mismatch(got, Content(want.round, want.seq, want.size)),
-                    "");
-          ++stats_.versions_read;
+        size_t versions = f.commits.size() + (f.alive ? 0 : 1);
+        if (!f.alive) {
+          EXPECT_TRUE(history[at + f.commits.size()].deleted)
+              << "no tombstone:" << listing;
         }
+        f.verified = f.commits.size();
+        f.hashes.clear();
+        for (size_t k = 0; k < versions; ++k) {
+          f.hashes.push_back(history[at + k].content_hash);
+        }
+        at += versions;
       }
-      if (f.unlinked) {
-        EXPECT_TRUE(history.back().deleted) << "no tombstone:" << listing;
-      }
-      f.verified = f.commits.size();
-      f.hashes.clear();
-      for (const auto& v : history) f.hashes.push_back(v.content_hash);
     }
   }
 

@@ -273,6 +273,87 @@ TEST_P(HistoryTest, DeletedFilesStayRecoverable) {
   EXPECT_ERRNO(backend_->History(dev_, P(path)), ENOENT);
 }
 
+// A save that writes a new file and renames it over the old one (editors,
+// `sed -i`), and a file removed and made again, keep the path's history:
+// `history` lists the versions of the files that had the name before, and
+// the numbers it showed keep their meaning after each save.
+TEST_P(HistoryTest, ASaveByRenameKeepsThePathsHistory) {
+  const std::string tmp = "/memories/users/dev/.notes.md.swp";
+  auto save = [&](const std::string& data) -> vfs::Status {
+    if (auto put = Put(dev_, tmp, data); !put) return put;
+    return backend_->Rename(dev_, P(tmp), P(kFile), 0);
+  };
+  auto numbers = [&](const std::vector<VersionInfo>& h) {
+    std::vector<int64_t> out;
+    for (const auto& v : h) out.push_back(v.n);
+    return out;
+  };
+  ASSERT_OK(Put(dev_, kFile, "v1\n"));
+  ASSERT_OK(Put(dev_, kFile, "v2\n"));
+  ASSERT_OK(save("v3\n"));
+  ASSERT_OK_AND_ASSIGN(auto h, backend_->History(dev_, P(kFile)));
+  ASSERT_EQ(numbers(h), (std::vector<int64_t>{1, 2, 3, 4}));
+  EXPECT_TRUE(h[2].deleted) << "the replaced file's end";
+  EXPECT_EQ(h[2].path, kFile);
+  EXPECT_EQ(h[3].path, tmp) << "the new file was written under its own name";
+  EXPECT_EQ(Version(kFile, 1), "v1\n");
+  EXPECT_EQ(Version(kFile, 2), "v2\n");
+  EXPECT_ERRNO(backend_->OpenVersion(dev_, P(kFile), 3), ENOENT);
+  EXPECT_EQ(Version(kFile, 4), "v3\n");
+  EXPECT_ERRNO(backend_->OpenVersion(dev_, P(kFile), 5), ENOENT);
+
+  // An edit in place, another save: the numbers shown before still hold.
+  ASSERT_OK(Put(dev_, kFile, "v4\n"));
+  ASSERT_OK(save("v5\n"));
+  ASSERT_OK_AND_ASSIGN(h, backend_->History(dev_, P(kFile)));
+  ASSERT_EQ(numbers(h), (std::vector<int64_t>{1, 2, 3, 4, 5, 6, 7}));
+  EXPECT_EQ(Version(kFile, 2), "v2\n");
+  EXPECT_EQ(Version(kFile, 5), "v4\n");
+  EXPECT_EQ(Version(kFile, 7), "v5\n");
+  EXPECT_EQ(CurrentHash(kFile), h.back().content_hash);
+
+  // Restoring a version of a replaced file writes it over the current one.
+  ASSERT_OK_AND_ASSIGN(auto v, backend_->Restore(dev_, P(kFile), 1));
+  EXPECT_EQ(v.n, 8);
+  EXPECT_EQ(Get(dev_, kFile), "v1\n");
+
+  // Removed and made again: the history goes on at the path.
+  ASSERT_OK(backend_->Unlink(dev_, P(kFile)));
+  ASSERT_OK(Put(dev_, kFile, "fresh\n"));
+  ASSERT_OK_AND_ASSIGN(h, backend_->History(dev_, P(kFile)));
+  ASSERT_EQ(h.size(), 10u);
+  EXPECT_TRUE(h[8].deleted);
+  EXPECT_EQ(h[9].n, 10);
+  EXPECT_EQ(Version(kFile, 10), "fresh\n");
+
+  // A file that moves away takes its own history with it; what was at the
+  // path before it stays there, and a restore there brings back the last
+  // file that was deleted there.
+  const std::string moved = "/memories/users/dev/moved.md";
+  ASSERT_OK(backend_->Rename(dev_, P(kFile), P(moved), 0));
+  ASSERT_OK_AND_ASSIGN(auto away, backend_->History(dev_, P(moved)));
+  ASSERT_EQ(away.size(), 1u);
+  EXPECT_EQ(away[0].n, 1);
+  ASSERT_OK_AND_ASSIGN(h, backend_->History(dev_, P(kFile)));
+  ASSERT_EQ(numbers(h), (std::vector<int64_t>{1, 2, 3, 4, 5, 6, 7, 8, 9}));
+  ASSERT_OK_AND_ASSIGN(v, backend_->Restore(dev_, P(kFile), 2));
+  EXPECT_EQ(v.n, 10);
+  EXPECT_EQ(Get(dev_, kFile), "v2\n");
+  EXPECT_EQ(Get(dev_, moved), "fresh\n");
+
+  // Nobody else sees any of it; another user's file replaced at a path
+  // they share is not mixed in either.
+  auto ops = fixture_->CallerFor("ops");
+  EXPECT_ERRNO(backend_->History(ops, P(kFile)), ENOENT);
+  EXPECT_ERRNO(backend_->OpenVersion(ops, P(kFile), 1), ENOENT);
+
+  // A purge that keeps the current content erases the earlier files too.
+  ASSERT_OK(backend_->Purge(admin_, P(kFile), true));
+  ASSERT_OK_AND_ASSIGN(h, backend_->History(dev_, P(kFile)));
+  ASSERT_EQ(h.size(), 1u);
+  EXPECT_EQ(Version(kFile, h[0].n), "v2\n");
+  EXPECT_ERRNO(backend_->OpenVersion(dev_, P(kFile), 1), ENOENT);
+}
 
 TEST_P(HistoryTest, PurgeErasesTheBytesForGood) {
   // Small enough to sit whole in one database page.
