@@ -1163,6 +1163,16 @@ class StoreFile final : public vfs::FileHandle {
   Status Flush() override {
     if (!can_write_) return {};
     std::lock_guard lock(node_->mu);
+    if (node_->created && !node_->dirty) {
+      // A new file nothing was written to yet. Its first close(2) is often
+      // not its last: a shell's `> file` opens it, moves the descriptor and
+      // closes the first one, and only then writes. Its first version is
+      // committed at the close after the writing, so the history does not
+      // start with an empty version nobody meant; a file closed with
+      // nothing written gets its (empty) first version when its last
+      // handle goes. The file itself exists since its create.
+      return holds_lease_ ? ReleaseLeaseLocked() : Status{};
+    }
     return FlushLocked(impl_.options_.commit_durability);
   }
 
@@ -1611,7 +1621,8 @@ Result<std::unique_ptr<vfs::FileHandle>> StoreBackend::Open(const Caller& c,
     node->dirty = false;
     node->last_write_ns = 0;
   }
-  if (flags & O_TRUNC) {
+  // (A file this open made is empty already: O_TRUNC changes nothing.)
+  if ((flags & O_TRUNC) && !created) {
     if (auto ok = node->draft->Truncate(0); !ok) return undo(ok.error());
     node->dirty = true;
     node->last_write_ns = now;

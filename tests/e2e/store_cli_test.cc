@@ -724,13 +724,24 @@ TEST_F(StoreCliTest, SedInPlaceThroughAMountKeepsTheHistory) {
   ASSERT_NE(view, nullptr) << error;
   const std::string file = "/memories/users/dev/plan.md";
   const std::string mounted = view->mountpoint() + file;
-  ASSERT_TRUE(WriteFile(mounted, "step one\n"));
+  // A shell's redirection closes a descriptor of the new file before it
+  // writes: that close commits no empty version.
+  CommandResult made =
+      RunCommand({"/bin/sh", "-c", "echo 'step one' > \"$0\"", mounted});
+  ASSERT_EQ(made.exit_status, 0) << made.output;
+  // A file closed with nothing written has its empty first version.
+  const std::string empty = "/memories/users/dev/empty.md";
+  CommandResult touched = RunCommand({"touch", view->mountpoint() + empty});
+  ASSERT_EQ(touched.exit_status, 0) << touched.output;
   for (const char* edit : {"s/one/two/", "s/two/three/"}) {
     CommandResult sed = RunCommand({"sed", "-i", edit, mounted});
     ASSERT_EQ(sed.exit_status, 0) << sed.output;
   }
   EXPECT_EQ(ReadFile(mounted), "step three\n");
   EXPECT_EQ(view->Stop(), 0) << view->Log();
+  auto touched_versions = History(dev, empty);
+  ASSERT_EQ(touched_versions.size(), 1u) << MustAs(dev, {"history", empty});
+  EXPECT_EQ(touched_versions[0].at("size"), 0);
 
   // one, its end, two (written under sed's temporary name), its end, three.
   auto versions = History(dev, file);
