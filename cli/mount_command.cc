@@ -3,8 +3,11 @@
 // store, as the user whose token is given) served over FUSE.
 #include "cli/mount_command.h"
 
+#include <fcntl.h>
+#include <spdlog/sinks/basic_file_sink.h>
 #include <spdlog/spdlog.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <filesystem>
 #include <iostream>
@@ -36,7 +39,29 @@ struct MountArgs {
   unsigned threads = 1;
   unsigned poll_us = 50;
   bool xattrs = false;
+  std::string log_file;
 };
+
+// Sends the mount's log (the server's, the store's, this command's) to the
+// end of `file`, made 0600 if new: paths and user names are in it.
+vfs::Status LogTo(const std::string& file) {
+  int fd =
+      ::open(file.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0600);
+  if (fd < 0) return std::unexpected(vfs::FromErrno(errno, "open", file));
+  ::close(fd);
+  try {
+    auto sink = std::make_shared<spdlog::sinks::basic_file_sink_mt>(file);
+    spdlog::set_default_logger(std::make_shared<spdlog::logger>("", sink));
+    for (const char* name : {"fuse", "store"}) {
+      spdlog::drop(name);
+      spdlog::register_logger(std::make_shared<spdlog::logger>(name, sink));
+    }
+    spdlog::flush_on(spdlog::level::info);
+  } catch (const spdlog::spdlog_ex& e) {
+    return vfs::Fail(EIO, "cannot log to " + file + ": " + e.what());
+  }
+  return {};
+}
 
 // `path` made absolute against the current directory (unchanged when it
 // is absolute, empty, or a PostgreSQL URI).
@@ -60,6 +85,10 @@ int RunMount(const MountArgs& given) {
   MountArgs a = given;
   a.mountpoint = Absolute(a.mountpoint);
   a.store.token_file = Absolute(a.store.token_file);
+  if (!a.log_file.empty()) {
+    a.log_file = Absolute(a.log_file);
+    if (auto ok = LogTo(a.log_file); !ok) return Report("mount", ok.error());
+  }
   auto router = std::make_unique<router::Router>();
   vfs::Caller identity;
   if (!a.workspace.empty()) {
@@ -232,6 +261,10 @@ void AddMountCommand(CLI::App& app, int* exit_code) {
       "--allow-other", args->allow_other,
       "Let other users (e.g. a sandbox under another uid) use the mount");
   cmd->add_flag("--debug", args->debug, "Trace every FUSE request on stderr");
+  cmd->add_option("--log-file", args->log_file,
+                  "Append the mount's log to FILE instead of stderr (with "
+                  "--background, the only place it goes): refused writes "
+                  "and why (who holds the file, who changed it), errors");
   cmd->add_flag("--writeback-cache", args->writeback,
                 "Let the kernel batch writes (faster small writes; changes "
                 "made beside the mount may stay unseen)");

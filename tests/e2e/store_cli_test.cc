@@ -979,10 +979,11 @@ TEST_F(StoreCliTest, ABackgroundMountKeepsLeasesAndTheChangeFeed) {
   ASSERT_TRUE(ApiWrite("dev", "/memories/users/dev/x.md", "v1\n"));
   TempDir ws("agentvfs-cli-ws"), bg("agentvfs-cli-bg"), fg("agentvfs-cli-fg");
   testing::UnmountAtExit(bg.path());
+  const std::string bg_log = work_->Sub("bg.log");
   CommandResult r = RunCommand(
       {AGENTVFS_BINARY, "mount", "--store", db_, "--token-file",
        work_->Sub("dev.token"), "--cache-timeout", "60", "--background",
-       bg.path()},
+       "--log-file", bg_log, bg.path()},
       CommandOptions{.env = {{"AGENTVFS_CONFIG", work_->Sub("none.yaml")}},
                      .timeout = std::chrono::seconds(15)});
   ASSERT_EQ(r.exit_status, 0) << r.output;
@@ -1009,6 +1010,10 @@ TEST_F(StoreCliTest, ABackgroundMountKeepsLeasesAndTheChangeFeed) {
   EXPECT_EQ(other, -1) << "a second writer got in while the first held it";
   EXPECT_EQ(errno, EBUSY);
   if (other >= 0) close(other);
+  // The refused mount's log says why (its user saw only EBUSY).
+  EXPECT_TRUE(Contains(view->Log(), "refused: EBUSY")) << view->Log();
+  EXPECT_TRUE(Contains(view->Log(), "is open for writing by user 'dev'"))
+      << view->Log();
   ASSERT_EQ(write(held, "from bg\n", 8), 8);
   ASSERT_EQ(close(held), 0) << strerror(errno);  // committed, not ESTALE
 
@@ -1021,6 +1026,20 @@ TEST_F(StoreCliTest, ABackgroundMountKeepsLeasesAndTheChangeFeed) {
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
   }
   ASSERT_EQ(seen, "v1\nfrom bg\n");
+  // Now the foreground mount writes: the background one is refused, and
+  // its --log-file says why (its stderr is gone).
+  held = open(in_fg.c_str(), O_WRONLY | O_APPEND);
+  ASSERT_GE(held, 0) << strerror(errno);
+  other = open(in_bg.c_str(), O_WRONLY | O_APPEND);
+  EXPECT_EQ(other, -1) << "a second writer got in while the first held it";
+  EXPECT_EQ(errno, EBUSY);
+  if (other >= 0) close(other);
+  ASSERT_EQ(close(held), 0) << strerror(errno);
+  std::string logged = ReadFile(bg_log).value_or("<no log file>");
+  EXPECT_TRUE(Contains(logged, "is open for writing by user 'dev'")) << logged;
+  struct stat log_st {};
+  ASSERT_EQ(stat(bg_log.c_str(), &log_st), 0);
+  EXPECT_EQ(log_st.st_mode & 0777, 0600u);
   ASSERT_TRUE(WriteFile(in_fg, "v3 from the foreground mount\n"));
   for (int i = 0; i < 50; ++i) {
     seen = ReadFile(in_bg);

@@ -85,6 +85,13 @@ namespace {
 
 std::shared_ptr<spdlog::logger> Log() { return FuseLog(); }
 
+// The server's own ESTALE reasons: the kernel answers them by looking the
+// name up again, so nobody needs to read them.
+constexpr const char* kLookAgain =
+    "file was removed or renamed; look it up again";
+constexpr const char* kReplacedBeside =
+    "the file was replaced beside the mount while open here";
+
 // Absolute form of `path` without requiring it to be reachable (a dead FUSE
 // mount cannot be stat'ed, so realpath of the parent + the name is used).
 std::string AbsoluteOf(const std::string& path) {
@@ -262,8 +269,7 @@ class FuseServer::Impl {
     std::lock_guard lock(table_mu_);
     std::string text;
     int budget = kPathWalkBudget;
-    if (!AppendPathLocked(ino, &budget, &text))
-      return Fail(ESTALE, "file was removed or renamed; look it up again");
+    if (!AppendPathLocked(ino, &budget, &text)) return Fail(ESTALE, kLookAgain);
     return Path::Parse(text.empty() ? "/" : text);
   }
   // Appends "/a/b" for `ino` to `out`. A node may keep a name whose parent
@@ -445,8 +451,31 @@ class FuseServer::Impl {
     if (fuse_reply_entry(req, &e) != 0) Forget(e.ino, 1);
   }
   void ReplyError(fuse_req_t req, const Error& err) {
-    if (err.code == EIO) Log()->warn("I/O error: {}", err.ToString());
+    if (err.code == EIO) {
+      Log()->warn("I/O error: {}", err.ToString());
+    } else if (Explained(err)) {
+      // The caller gets only the errno; the backend's reason (who holds
+      // the file, who changed it, what is full) goes to the mount's log.
+      Log()->warn("refused: {}", err.ToString());
+    }
     fuse_reply_err(req, err.code > 0 ? err.code : EIO);
+  }
+  // Whether a refusal loses the caller's work or makes it wait, with a
+  // reason a person needs to know what to do: a write conflict (a lease
+  // held elsewhere, a change made since the caller read) or a full disk.
+  // Not the server's own ESTALE, on which the kernel just looks again.
+  static bool Explained(const Error& err) {
+    switch (err.code) {
+      case EBUSY:
+      case ENOSPC:
+      case EDQUOT:
+        return !err.message.empty();
+      case ESTALE:
+        return !err.message.empty() && err.message != kLookAgain &&
+               err.message != kReplacedBeside;
+      default:
+        return false;
+    }
   }
   // Stats `path`, then replies an entry for it under (parent, name).
   void StatAndReplyEntry(fuse_req_t req, const Caller& c, fuse_ino_t parent,
@@ -953,8 +982,7 @@ Result<std::optional<int32_t>> FuseServer::Impl::AcquireBacking(fuse_ino_t ino,
   if (auto it = backings_.find(ino); it != backings_.end()) {
     Backing& b = it->second;
     if (b.id > 0 && (b.dev != st.st_dev || b.host_ino != st.st_ino)) {
-      return Fail(ESTALE,
-                  "the file was replaced beside the mount while open here");
+      return Fail(ESTALE, kReplacedBeside);
     }
     ++b.opens;
     return b.id;
