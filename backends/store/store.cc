@@ -595,6 +595,39 @@ class StoreBackend::Impl {
     it->second += delta;
   }
 
+  // An open whose transaction took the lease of `ino` and then failed. The
+  // failure may be a lost acknowledgement (the connection broke while the
+  // server committed), so the lease row may well exist: unless another
+  // handle or open of the session holds the lease, it is no longer renewed
+  // and, if the database answers, removed (else it runs out on its own).
+  // Before, the row was renewed for as long as the process lived, and every
+  // other session's open got EBUSY for a file nobody had open.
+  void ForgetFailedOpen(const Caller& c, int64_t ino) {
+    // As at a release, the session's node stays locked until the row is
+    // gone: an open registering as a holder meanwhile would need it, and one
+    // that took the lease in its transaction keeps it (DropLease sees it).
+    auto node = GetNode(c.session, ino);
+    std::lock_guard node_lock(node->mu);
+    {
+      std::lock_guard lock(held_mu_);
+      auto it = held_.find({c.session, ino});
+      if (it == held_.end()) return;
+      --it->second;
+      if (it->second > 0 || node->lease_holders > 0) return;
+    }
+    auto dropped = engine_.Write(Durability::kProcess, [&](Txn& txn) -> Status {
+      return DropLease(txn, c, ino);
+    });
+    if (!dropped) {
+      // The row runs out on its own: it is no longer renewed.
+      std::lock_guard lock(held_mu_);
+      auto it = held_.find({c.session, ino});
+      if (it != held_.end() && it->second == 0) held_.erase(it);
+      Log()->warn("dropping the write lease of a failed open: {}",
+                  dropped.error().ToString());
+    }
+  }
+
   // ESTALE when the session read an older version than the current one and
   // someone else committed since.
   Status CheckStale(Txn& txn, const Caller& c, const Inode& node,
@@ -1370,6 +1403,11 @@ StoreBackend::~StoreBackend() = default;
 Result<std::unique_ptr<StoreBackend>> StoreBackend::Open(
     const std::string& name, StoreOptions options) {
   TRY_ASSIGN(engine, Engine::Open(name, false));
+  return Serve(std::move(engine), options);
+}
+
+std::unique_ptr<StoreBackend> StoreBackend::Serve(
+    std::unique_ptr<Engine> engine, StoreOptions options) {
   return std::unique_ptr<StoreBackend>(
       new StoreBackend(std::move(engine), options));
 }
@@ -1564,7 +1602,7 @@ Result<std::unique_ptr<vfs::FileHandle>> StoreBackend::Open(const Caller& c,
     return {};
   });
   if (!opened) {
-    if (opening) impl_->MarkOpening(c.session, inode.ino, -1);
+    if (opening) impl_->ForgetFailedOpen(c, inode.ino);
     return std::unexpected(opened.error());
   }
 

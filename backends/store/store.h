@@ -89,6 +89,10 @@ class StoreBackend final : public vfs::Backend {
   // Opens the store named `name` (engine.h). ENOENT when it does not exist.
   static vfs::Result<std::unique_ptr<StoreBackend>> Open(
       const std::string& name, StoreOptions options = {});
+  // Serves the store of an engine already open (Engine::Open), for a tool
+  // or test that puts something between the two.
+  static std::unique_ptr<StoreBackend> Serve(std::unique_ptr<Engine> engine,
+                                             StoreOptions options = {});
   ~StoreBackend() override;
 
   Engine& engine() { return *engine_; }

@@ -954,6 +954,81 @@ TEST_P(StoreConflictsInOneProcess, ALeaseWhoseReleaseFailedRunsOut) {
   EXPECT_OK(backend->Open(b, P(path), O_WRONLY, 0));
 }
 
+// An engine that passes everything on to a real one, except that it can
+// lose the acknowledgement of one write: the transaction commits, and the
+// caller is told it failed, as when the connection to PostgreSQL breaks
+// while the server commits.
+class LostAckEngine final : public Engine {
+ public:
+  explicit LostAckEngine(std::unique_ptr<Engine> real)
+      : real_(std::move(real)) {}
+  // The next write made on the calling thread.
+  void LoseNextAckOnThisThread() { victim_ = std::this_thread::get_id(); }
+
+  vfs::Status Write(Durability d, const TxnFn& fn) override {
+    auto done = real_->Write(d, fn);
+    if (done && victim_.load() == std::this_thread::get_id()) {
+      victim_ = std::thread::id();
+      return vfs::Fail(EIO, "the connection broke while committing");
+    }
+    return done;
+  }
+  vfs::Status Read(const TxnFn& fn) override { return real_->Read(fn); }
+  vfs::Status Barrier() override { return real_->Barrier(); }
+  int SchemaVersion() const override { return real_->SchemaVersion(); }
+  std::string Describe() const override { return real_->Describe(); }
+  std::string ScratchDir() const override { return real_->ScratchDir(); }
+  vfs::Status Compact() override { return real_->Compact(); }
+  void WatchChanges(std::function<void()> on_change) override {
+    real_->WatchChanges(std::move(on_change));
+  }
+
+ private:
+  std::unique_ptr<Engine> real_;
+  std::atomic<std::thread::id> victim_{};
+};
+
+// An open for writing whose transaction took the lease but whose
+// acknowledgement was lost fails (EIO), and leaves no lease behind: before,
+// the process renewed the row for as long as it lived, and every other
+// session got EBUSY for a file nobody had open.
+TEST_P(StoreConflictsInOneProcess,
+       AnOpenWhoseCommitWasNotAcknowledgedHoldsNoLease) {
+  ASSERT_OK_AND_ASSIGN(auto real, Engine::Open(fx_->db(), false));
+  auto lossy = std::make_unique<LostAckEngine>(std::move(real));
+  LostAckEngine* engine = lossy.get();
+  auto backend = StoreBackend::Serve(std::move(lossy), QuickLeases());
+  vfs::Caller a = fx_->CallerFor("a");
+  vfs::Caller b = fx_->CallerFor("b");
+  const std::string made = "/memories/teams/t/made.md";
+  const std::string old = "/memories/teams/t/old.md";
+  {
+    ASSERT_OK_AND_ASSIGN(auto f,
+                         backend->Open(b, P(old), O_WRONLY | O_CREAT, 0644));
+    ASSERT_OK(f->Flush());
+  }
+  engine->LoseNextAckOnThisThread();
+  EXPECT_ERRNO(backend->Open(a, P(made), O_WRONLY | O_CREAT, 0644), EIO);
+  engine->LoseNextAckOnThisThread();
+  EXPECT_ERRNO(backend->Open(a, P(old), O_WRONLY, 0), EIO);
+  EXPECT_OK(backend->Stat(b, P(made))) << "the create was committed";
+  // Longer than a lease: a renewed row would still be there.
+  std::this_thread::sleep_for(std::chrono::milliseconds(900));
+  for (const auto& path : {made, old}) {
+    ASSERT_OK_AND_ASSIGN(auto f, backend->Open(b, P(path), O_WRONLY, 0));
+    ASSERT_OK(f->Flush());
+  }
+  // A session that still holds the file through another handle keeps its
+  // lease when a second open of it loses its acknowledgement.
+  ASSERT_OK_AND_ASSIGN(auto kept, backend->Open(a, P(old), O_WRONLY, 0));
+  engine->LoseNextAckOnThisThread();
+  EXPECT_ERRNO(backend->Open(a, P(old), O_WRONLY, 0), EIO);
+  std::this_thread::sleep_for(std::chrono::milliseconds(900));
+  EXPECT_ERRNO(backend->Open(b, P(old), O_WRONLY, 0), EBUSY);
+  ASSERT_OK(kept->Flush());
+  EXPECT_OK(backend->Open(b, P(old), O_WRONLY, 0));
+}
+
 // Processes in another pid namespace on the same machine (containers on
 // one kernel) cannot be checked for life through this /proc: their lease
 // lasts until it expires, instead of counting as dead at once.
