@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <vector>
 
 namespace agentvfs::vfs {
 
@@ -20,6 +21,12 @@ struct Caller {
   // absent, new files belong to the serving process.
   std::optional<uid_t> uid;
   std::optional<gid_t> gid;
+  // The requesting process's supplementary groups, set by a frontend whose
+  // own permission checks ran on attributes that may be stale (FUSE with
+  // default_permissions caches them): it asks a backend that can to have
+  // the host check every operation as uid/gid/groups too, against the file
+  // that is there now. Absent: uid/gid only give new files their owner.
+  std::optional<std::vector<gid_t>> groups;
   pid_t pid = 0;
 
   // The operator running the command line or the daemon itself.

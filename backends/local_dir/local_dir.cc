@@ -224,50 +224,73 @@ bool HasIdentity(const Caller& c) {
   return c.uid.has_value() || c.gid.has_value();
 }
 
-// Makes the calling thread create nodes as `c` while it lives, so that
-// mkdir, mknod and symlink give the new entry its owner in the same step:
-// giving it away afterwards by name would give away whatever the agent
-// renamed over that name in between. The thread's filesystem uid and gid
-// become the caller's (a set-group-ID parent still gives its group, as for a
-// local process). Leaving uid 0 drops the thread's filesystem capabilities
-// from its effective set, so the set it had is put back: the host's
-// permission checks stay the daemon's, as FUSE (default_permissions)
-// already checked the caller's. Only this thread changes (Linux credentials
-// are per thread; glibc does not broadcast setfsuid, and capset with pid 0
-// is the thread's).
-class CreateAs {
+// Makes the calling thread act as `c` on the host while it lives.
+//
+// Always for creation: mkdir, mknod, symlink and open(O_CREAT) give the new
+// entry its owner in the same step (giving it away afterwards by name would
+// give away whatever the agent renamed over that name in between). The
+// thread's filesystem uid and gid become the caller's; a set-group-ID parent
+// still gives its group, as for a local process.
+//
+// With the caller's supplementary groups known (Caller::groups, set by a
+// frontend whose own checks ran on cached attributes), the host also checks
+// permissions as the caller: the thread takes those groups and no effective
+// capabilities, so every operation is allowed exactly when it would be for
+// the caller's own process on the host, against the file that is there now.
+// Otherwise the thread keeps the effective capabilities it had (leaving
+// uid 0 drops the filesystem ones; they are put back): the host's checks
+// stay the daemon's.
+//
+// Only this thread changes: Linux credentials are per thread, glibc does not
+// broadcast setfsuid, setgroups is called as a raw syscall (glibc's wrapper
+// would change every thread), and capset with pid 0 is the thread's.
+class ActAs {
  public:
-  CreateAs() = default;
-  CreateAs(const CreateAs&) = delete;
-  CreateAs& operator=(const CreateAs&) = delete;
-  ~CreateAs() { Leave(); }
+  ActAs() = default;
+  ActAs(const ActAs&) = delete;
+  ActAs& operator=(const ActAs&) = delete;
+  ~ActAs() { Leave(); }
 
   // Switches to c's identity. True when a node made now is the caller's
   // (switched, or the caller is who the daemon is); false when it must be
   // given away afterwards (ChownNew): no identity, or a daemon that cannot
-  // switch (not root, or without CAP_SETUID/CAP_SETGID), which also cannot
-  // give it to anyone but itself.
+  // switch (not root), which also cannot give it to anyone but itself.
   Result<bool> Enter(const Caller& c, std::string_view op, const Path& path) {
     if (!HasIdentity(c)) return false;
     const uid_t uid = c.uid.value_or(geteuid());
     const gid_t gid = c.gid.value_or(getegid());
-    if (uid == geteuid() && gid == getegid()) return true;
+    const bool checked = c.groups.has_value() && uid != 0;
+    if (uid == geteuid() && gid == getegid() && !checked) return true;
     if (geteuid() != 0) return false;
     header_ = {_LINUX_CAPABILITY_VERSION_3, 0};
-    if (uid != 0 && syscall(SYS_capget, &header_, saved_) != 0)
-      return Errno(op, path);
+    if (syscall(SYS_capget, &header_, saved_) != 0) return Errno(op, path);
+    if (checked) {
+      int n = getgroups(0, nullptr);
+      if (n < 0) return Errno(op, path);
+      old_groups_.resize(static_cast<size_t>(n));
+      if (n > 0 && getgroups(n, old_groups_.data()) != n)
+        return Errno(op, path);
+      if (syscall(SYS_setgroups, c.groups->size(), c.groups->data()) != 0)
+        return Errno(op, path);
+      groups_set_ = true;
+    }
     // setfsuid/setfsgid report the previous id and never fail loudly: the
     // switch is read back (an invalid id, -1, only reads).
     old_uid_ = static_cast<uid_t>(setfsuid(uid));
     old_gid_ = static_cast<gid_t>(setfsgid(gid));
     entered_ = true;
-    restore_caps_ = uid != 0;
+    restore_caps_ = true;
     if (static_cast<uid_t>(setfsuid(-1)) != uid ||
         static_cast<gid_t>(setfsgid(-1)) != gid) {
       Leave();
       return false;
     }
-    if (restore_caps_ && syscall(SYS_capset, &header_, saved_) != 0) {
+    __user_cap_data_struct now[_LINUX_CAPABILITY_U32S_3];
+    for (size_t i = 0; i < _LINUX_CAPABILITY_U32S_3; ++i) {
+      now[i] = saved_[i];
+      if (checked) now[i].effective = 0;
+    }
+    if ((checked || uid != 0) && syscall(SYS_capset, &header_, now) != 0) {
       const int err = errno;
       Leave();
       return Errno(err, op, path);
@@ -277,28 +300,34 @@ class CreateAs {
 
  private:
   void Leave() {
-    if (!entered_) return;
-    entered_ = false;
+    if (!entered_ && !groups_set_) return;
     const int err = errno;  // the failure being reported, if any
-    setfsuid(old_uid_);
-    setfsgid(old_gid_);
-    // Back to uid 0 the kernel raises the filesystem capabilities from the
-    // permitted set; the saved set says which were effective.
-    if (restore_caps_) syscall(SYS_capset, &header_, saved_);
+    if (entered_) {
+      // Back to uid 0 the kernel raises the filesystem capabilities from
+      // the permitted set; the saved set says which were effective.
+      setfsuid(old_uid_);
+      setfsgid(old_gid_);
+      if (restore_caps_) syscall(SYS_capset, &header_, saved_);
+    }
+    if (groups_set_)
+      syscall(SYS_setgroups, old_groups_.size(), old_groups_.data());
+    entered_ = groups_set_ = false;
     errno = err;
   }
 
   bool entered_ = false;
+  bool groups_set_ = false;
   bool restore_caps_ = false;
   uid_t old_uid_ = 0;
   gid_t old_gid_ = 0;
+  std::vector<gid_t> old_groups_;
   __user_cap_header_struct header_{};
   __user_cap_data_struct saved_[_LINUX_CAPABILITY_U32S_3]{};
 };
 
 // Gives the just-created entry `t.name` in `t.dirfd` to the caller, for a
-// daemon that could not create it as the caller (CreateAs): one that cannot
-// switch ids can only give a node to itself, so the swap CreateAs guards
+// daemon that could not create it as the caller (ActAs): one that cannot
+// switch ids can only give a node to itself, so the swap ActAs guards
 // against cannot hand anything to anyone else.
 Status ChownNew(const Caller& c, const Target& t, const Path& path,
                 std::string_view op) {
@@ -459,8 +488,11 @@ Result<vfs::Attr> LocalDirBackend::Stat(const Caller&, const Path& path) {
   return st;
 }
 
-Result<std::vector<vfs::DirEntry>> LocalDirBackend::ReadDir(const Caller&,
+Result<std::vector<vfs::DirEntry>> LocalDirBackend::ReadDir(const Caller& c,
                                                             const Path& path) {
+  ActAs as;
+  if (auto e = as.Enter(c, "readdir", path); !e)
+    return std::unexpected(e.error());
   // O_NOFOLLOW: like every method but Open, ReadDir does not follow a final
   // symlink (the kernel answers ENOTDIR for one).
   int fd = OpenBeneath(root_fd_, path.Relative(),
@@ -501,11 +533,15 @@ Result<std::unique_ptr<vfs::FileHandle>> LocalDirBackend::Open(const Caller& c,
                                                                const Path& path,
                                                                int flags,
                                                                mode_t mode) {
-  return OpenFollowing(c, path, flags, mode, 0);
+  ActAs as;
+  auto as_caller = as.Enter(c, "open", path);
+  if (!as_caller) return std::unexpected(as_caller.error());
+  return OpenFollowing(c, path, flags, mode, 0, *as_caller);
 }
 
 Result<std::unique_ptr<vfs::FileHandle>> LocalDirBackend::OpenFollowing(
-    const Caller& c, const Path& path, int flags, mode_t mode, int links) {
+    const Caller& c, const Path& path, int flags, mode_t mode, int links,
+    bool as_caller) {
   if ((flags & O_PATH) == O_PATH)
     return Fail(EINVAL, "open " + path.str() +
                             ": O_PATH is not supported; open for reading or "
@@ -555,7 +591,7 @@ Result<std::unique_ptr<vfs::FileHandle>> LocalDirBackend::OpenFollowing(
     int fd = OpenBeneath(root_fd_, path.Relative(), flags | O_EXCL, mode);
     if (fd >= 0) {
       UniqueFd owned(fd);
-      if (HasIdentity(c)) {
+      if (HasIdentity(c) && !as_caller) {
         auto parent = LocateParent(root_fd_, path, "open");
         if (!parent) return std::unexpected(parent.error());
         struct stat pst;
@@ -604,7 +640,7 @@ Result<std::unique_ptr<vfs::FileHandle>> LocalDirBackend::OpenFollowing(
   if (len < 0) {
     // No longer a symlink: it was replaced meanwhile; start again.
     if (errno == EINVAL || errno == ENOENT)
-      return OpenFollowing(c, path, flags, mode, links + 1);
+      return OpenFollowing(c, path, flags, mode, links + 1, as_caller);
     return Errno("open", path);
   }
   target.resize(static_cast<size_t>(len));
@@ -617,20 +653,20 @@ Result<std::unique_ptr<vfs::FileHandle>> LocalDirBackend::OpenFollowing(
     return Fail(EACCES, "open " + path.str() + ": it is a symlink to " +
                             target + ", which is outside the workspace");
   }
-  return OpenFollowing(c, *next, flags, mode, links + 1);
+  return OpenFollowing(c, *next, flags, mode, links + 1, as_caller);
 }
 
 Status LocalDirBackend::Mkdir(const Caller& c, const Path& path, mode_t mode) {
   if (path.IsRoot()) {
     return Errno(EEXIST, "mkdir", path);
   }
+  ActAs as;
+  auto as_caller = as.Enter(c, "mkdir", path);
+  if (!as_caller) return std::unexpected(as_caller.error());
   auto t = LocateParent(root_fd_, path, "mkdir");
   if (!t) return std::unexpected(t.error());
   // The kernel already makes a directory in a set-group-ID parent
   // set-group-ID and gives it the parent's group.
-  CreateAs as;
-  auto as_caller = as.Enter(c, "mkdir", path);
-  if (!as_caller) return std::unexpected(as_caller.error());
   if (mkdirat(t->dirfd, t->name.c_str(), mode & 07777) != 0)
     return Errno("mkdir", path);
   if (*as_caller) return {};
@@ -647,18 +683,21 @@ Status LocalDirBackend::Mknod(const Caller& c, const Path& path, mode_t mode,
   if (path.IsRoot()) {
     return Errno(EEXIST, "mknod", path);
   }
-  auto t = LocateParent(root_fd_, path, "mknod");
-  if (!t) return std::unexpected(t.error());
-  CreateAs as;
+  ActAs as;
   auto as_caller = as.Enter(c, "mknod", path);
   if (!as_caller) return std::unexpected(as_caller.error());
+  auto t = LocateParent(root_fd_, path, "mknod");
+  if (!t) return std::unexpected(t.error());
   if (mknodat(t->dirfd, t->name.c_str(), mode, rdev) != 0)
     return Errno("mknod", path);
   if (*as_caller) return {};
   return ChownNew(c, *t, path, "mknod");
 }
 
-Status LocalDirBackend::Unlink(const Caller&, const Path& path) {
+Status LocalDirBackend::Unlink(const Caller& c, const Path& path) {
+  ActAs as;
+  if (auto e = as.Enter(c, "unlink", path); !e)
+    return std::unexpected(e.error());
   if (path.IsRoot()) {
     return Errno(EISDIR, "unlink", path);
   }
@@ -668,7 +707,10 @@ Status LocalDirBackend::Unlink(const Caller&, const Path& path) {
   return {};
 }
 
-Status LocalDirBackend::Rmdir(const Caller&, const Path& path) {
+Status LocalDirBackend::Rmdir(const Caller& c, const Path& path) {
+  ActAs as;
+  if (auto e = as.Enter(c, "rmdir", path); !e)
+    return std::unexpected(e.error());
   if (path.IsRoot()) {
     return Errno(EBUSY, "rmdir", path);
   }
@@ -684,11 +726,11 @@ Status LocalDirBackend::Symlink(const Caller& c, const std::string& target,
   if (link.IsRoot()) {
     return Errno(EEXIST, "symlink", link);
   }
-  auto t = LocateParent(root_fd_, link, "symlink");
-  if (!t) return std::unexpected(t.error());
-  CreateAs as;
+  ActAs as;
   auto as_caller = as.Enter(c, "symlink", link);
   if (!as_caller) return std::unexpected(as_caller.error());
+  auto t = LocateParent(root_fd_, link, "symlink");
+  if (!t) return std::unexpected(t.error());
   if (symlinkat(target.c_str(), t->dirfd, t->name.c_str()) != 0)
     return Errno("symlink", link);
   if (*as_caller) return {};
@@ -713,7 +755,10 @@ Result<std::string> LocalDirBackend::Readlink(const Caller&, const Path& path) {
   return buf;
 }
 
-Status LocalDirBackend::Link(const Caller&, const Path& from, const Path& to) {
+Status LocalDirBackend::Link(const Caller& c, const Path& from,
+                             const Path& to) {
+  ActAs as;
+  if (auto e = as.Enter(c, "link", from); !e) return std::unexpected(e.error());
   if (from.IsRoot()) {
     return Errno(EPERM, "link", from);
   }
@@ -732,8 +777,11 @@ Status LocalDirBackend::Link(const Caller&, const Path& from, const Path& to) {
   return {};
 }
 
-Status LocalDirBackend::Rename(const Caller&, const Path& from, const Path& to,
-                               unsigned flags) {
+Status LocalDirBackend::Rename(const Caller& c, const Path& from,
+                               const Path& to, unsigned flags) {
+  ActAs as;
+  if (auto e = as.Enter(c, "rename", from); !e)
+    return std::unexpected(e.error());
   const std::string what = from.str() + " -> " + to.str();
   if (flags & ~static_cast<unsigned>(RENAME_NOREPLACE | RENAME_EXCHANGE))
     return Fail(EINVAL, "rename " + what + ": unsupported flags");
@@ -750,7 +798,10 @@ Status LocalDirBackend::Rename(const Caller&, const Path& from, const Path& to,
   return {};
 }
 
-Status LocalDirBackend::Chmod(const Caller&, const Path& path, mode_t mode) {
+Status LocalDirBackend::Chmod(const Caller& c, const Path& path, mode_t mode) {
+  ActAs as;
+  if (auto e = as.Enter(c, "chmod", path); !e)
+    return std::unexpected(e.error());
   auto t = Locate(root_fd_, path, "chmod");
   if (!t) return std::unexpected(t.error());
   // fchmodat(AT_SYMLINK_NOFOLLOW) is not a syscall; pin the entry itself
@@ -774,8 +825,11 @@ Status LocalDirBackend::Chmod(const Caller&, const Path& path, mode_t mode) {
   return {};
 }
 
-Status LocalDirBackend::Chown(const Caller&, const Path& path, uid_t uid,
+Status LocalDirBackend::Chown(const Caller& c, const Path& path, uid_t uid,
                               gid_t gid) {
+  ActAs as;
+  if (auto e = as.Enter(c, "chown", path); !e)
+    return std::unexpected(e.error());
   auto t = Locate(root_fd_, path, "chown");
   if (!t) return std::unexpected(t.error());
   if (fchownat(t->dirfd, t->name.c_str(), uid, gid,
@@ -784,8 +838,11 @@ Status LocalDirBackend::Chown(const Caller&, const Path& path, uid_t uid,
   return {};
 }
 
-Status LocalDirBackend::Utimens(const Caller&, const Path& path,
+Status LocalDirBackend::Utimens(const Caller& c, const Path& path,
                                 const struct timespec times[2]) {
+  ActAs as;
+  if (auto e = as.Enter(c, "utimens", path); !e)
+    return std::unexpected(e.error());
   auto t = Locate(root_fd_, path, "utimens");
   if (!t) return std::unexpected(t.error());
   if (utimensat(t->dirfd, t->name.c_str(), times,
@@ -794,7 +851,11 @@ Status LocalDirBackend::Utimens(const Caller&, const Path& path,
   return {};
 }
 
-Status LocalDirBackend::Truncate(const Caller&, const Path& path, off_t size) {
+Status LocalDirBackend::Truncate(const Caller& c, const Path& path,
+                                 off_t size) {
+  ActAs as;
+  if (auto e = as.Enter(c, "truncate", path); !e)
+    return std::unexpected(e.error());
   auto pinned = PinBeneath(root_fd_, path, /*nofollow=*/false, "truncate");
   if (!pinned) return std::unexpected(pinned.error());
   // Checked before opening: a directory cannot be opened for writing, and
@@ -826,8 +887,11 @@ Result<struct statvfs> LocalDirBackend::StatFs(const Caller&,
 // is pinned beneath the root and the l* family never follows `name`. The
 // root itself is "/proc/self/fd/<root>/.".
 
-Result<std::string> LocalDirBackend::GetXattr(const Caller&, const Path& path,
+Result<std::string> LocalDirBackend::GetXattr(const Caller& c, const Path& path,
                                               const std::string& name) {
+  ActAs as;
+  if (auto e = as.Enter(c, "getxattr", path); !e)
+    return std::unexpected(e.error());
   auto t = Locate(root_fd_, path, "getxattr");
   if (!t) return std::unexpected(t.error());
   const std::string p = ProcFdPath(t->dirfd, path.IsRoot() ? "." : t->name);
@@ -871,9 +935,12 @@ Status WritableXattr(std::string_view op, const Path& path,
 
 }  // namespace
 
-Status LocalDirBackend::SetXattr(const Caller&, const Path& path,
+Status LocalDirBackend::SetXattr(const Caller& c, const Path& path,
                                  const std::string& name,
                                  const std::string& value, int flags) {
+  ActAs as;
+  if (auto e = as.Enter(c, "setxattr", path); !e)
+    return std::unexpected(e.error());
   if (auto ok = WritableXattr("setxattr", path, name); !ok) return ok;
   auto t = Locate(root_fd_, path, "setxattr");
   if (!t) return std::unexpected(t.error());
@@ -884,8 +951,11 @@ Status LocalDirBackend::SetXattr(const Caller&, const Path& path,
   return {};
 }
 
-Result<std::vector<std::string>> LocalDirBackend::ListXattr(const Caller&,
+Result<std::vector<std::string>> LocalDirBackend::ListXattr(const Caller& c,
                                                             const Path& path) {
+  ActAs as;
+  if (auto e = as.Enter(c, "listxattr", path); !e)
+    return std::unexpected(e.error());
   auto t = Locate(root_fd_, path, "listxattr");
   if (!t) return std::unexpected(t.error());
   const std::string p = ProcFdPath(t->dirfd, path.IsRoot() ? "." : t->name);
@@ -911,8 +981,11 @@ Result<std::vector<std::string>> LocalDirBackend::ListXattr(const Caller&,
   return Errno(ERANGE, "listxattr", path);
 }
 
-Status LocalDirBackend::RemoveXattr(const Caller&, const Path& path,
+Status LocalDirBackend::RemoveXattr(const Caller& c, const Path& path,
                                     const std::string& name) {
+  ActAs as;
+  if (auto e = as.Enter(c, "removexattr", path); !e)
+    return std::unexpected(e.error());
   if (auto ok = WritableXattr("removexattr", path, name); !ok) return ok;
   auto t = Locate(root_fd_, path, "removexattr");
   if (!t) return std::unexpected(t.error());

@@ -93,10 +93,11 @@ class LocalDirBackend final : public vfs::Backend {
       : root_fd_(root_fd), root_dir_(std::move(root_dir)) {}
 
   // Open() at `links` symlinks deep: creating through a dangling symlink
-  // goes on at the link's target (ELOOP past 40).
+  // goes on at the link's target (ELOOP past 40). `as_caller`: the thread
+  // acts as `c` (a file it makes is the caller's already).
   vfs::Result<std::unique_ptr<vfs::FileHandle>> OpenFollowing(
       const vfs::Caller& c, const vfs::Path& path, int flags, mode_t mode,
-      int links);
+      int links, bool as_caller);
 
   // O_PATH|O_DIRECTORY fd of the root; every resolution starts here. Owned;
   // never changes after construction (that is what makes this thread-safe).

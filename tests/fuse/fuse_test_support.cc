@@ -56,12 +56,14 @@ int OpenErrno(const std::string& path, int flags, mode_t mode) {
   return 0;
 }
 
-int AsUser(uid_t uid, gid_t gid, const std::function<int()>& fn) {
+int AsUser(uid_t uid, gid_t gid, const std::function<int()>& fn,
+           const std::vector<gid_t>& groups) {
   pid_t pid = fork();
   if (pid < 0) return -1;
   if (pid == 0) {
-    // Group first: after setuid we may no longer change it.
-    if (setgroups(0, nullptr) != 0 || setgid(gid) != 0 || setuid(uid) != 0) {
+    // Groups first: after setuid we may no longer change them.
+    if (setgroups(groups.size(), groups.data()) != 0 || setgid(gid) != 0 ||
+        setuid(uid) != 0) {
       _exit(255);
     }
     umask(022);

@@ -45,11 +45,13 @@ int ErrnoOf(long rc);
 // open(path, flags, mode) and close: 0 or errno.
 int OpenErrno(const std::string& path, int flags, mode_t mode = 0644);
 
-// Runs `fn` in a forked child whose credentials are exactly uid/gid (no
-// supplementary groups) and whose umask is 022, and returns fn's result,
-// which must be 0..255 (an errno, 0 for success). Returns -1 when the child
-// could not take the credentials or died. Call from the main thread only.
-int AsUser(uid_t uid, gid_t gid, const std::function<int()>& fn);
+// Runs `fn` in a forked child whose credentials are exactly uid/gid and the
+// supplementary `groups` (none by default) and whose umask is 022, and
+// returns fn's result, which must be 0..255 (an errno, 0 for success).
+// Returns -1 when the child could not take the credentials or died. Call
+// from the main thread only.
+int AsUser(uid_t uid, gid_t gid, const std::function<int()>& fn,
+           const std::vector<gid_t>& groups = {});
 
 // Fixture: ROOT (0755) holding ws/ (0755, the workspace) and mnt/.
 class FuseViewTest : public ::testing::Test {

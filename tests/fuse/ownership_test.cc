@@ -252,6 +252,79 @@ TEST_F(OwnershipTest, SetgidDirectoryPassesItsGroupOn) {
 
 // Without --allow-other only the mounting user (root here) may use the view;
 // the kernel answers everyone else EACCES before the daemon sees anything.
+// The kernel checks a request against the attributes it cached for up to
+// the cache timeout. A user who replaces a file of its own by another's
+// (here by a rename on the host, in a directory anyone may write) must not
+// get to open, chmod or hard-link the other's file through the mount on the
+// strength of its own file's cached mode: the daemon, root, has the host
+// check every such operation again, as the user, on the file there now.
+TEST_F(OwnershipTest, AFileReplacedBesideTheMountIsCheckedAsItIsNow) {
+  ASSERT_EQ(mkdir(Host("open").c_str(), 0777), 0);
+  ASSERT_EQ(chmod(Host("open").c_str(), 0777), 0);
+  ASSERT_TRUE(WriteFile(Host("open/rootsecret"), "root's secret", 0600));
+  const std::string mine = View("open/mine");
+  auto as_user = [](const std::function<int()>& fn) {
+    return AsUser(kUser, kUserGroup, fn);
+  };
+  auto swap = [&] {
+    return as_user([&] {
+      if (int e = OpenErrno(mine, O_WRONLY | O_CREAT, 0644)) return e;
+      struct stat st;
+      if (stat(mine.c_str(), &st) != 0) return errno;  // now cached
+      return ErrnoOf(
+          rename(Host("open/rootsecret").c_str(), Host("open/mine").c_str()));
+    });
+  };
+  ASSERT_ERRNO_EQ(swap(), 0);
+  EXPECT_ERRNO_EQ(as_user([&] { return ErrnoOf(chmod(mine.c_str(), 0666)); }),
+                  EPERM);
+  EXPECT_ERRNO_EQ(as_user([&] { return OpenErrno(mine, O_RDONLY); }), EACCES);
+  EXPECT_ERRNO_EQ(as_user([&] { return OpenErrno(mine, O_RDWR); }), EACCES);
+  EXPECT_ERRNO_EQ(
+      as_user([&] { return ErrnoOf(chown(mine.c_str(), -1, kUserGroup)); }),
+      EPERM);
+  if (ReadFile("/proc/sys/fs/protected_hardlinks")
+          .value_or("")
+          .starts_with("1")) {
+    EXPECT_ERRNO_EQ(
+        as_user([&] {
+          return ErrnoOf(link(mine.c_str(), View("open/hard").c_str()));
+        }),
+        EPERM);
+  }
+  struct stat st = HostStat("open/mine");
+  EXPECT_EQ(st.st_uid, 0u);
+  EXPECT_EQ(Octal(st.st_mode), "0600");
+  EXPECT_EQ(ReadFile(Host("open/mine")), "root's secret");
+}
+
+// What the host does for a local process, the mount does too: a truncating
+// open by a user who may write but does not own the file clears its set-ID
+// bits, and a member of a set-group-ID directory's group (through a
+// supplementary group) keeps the set-group-ID bit it asks for.
+TEST_F(OwnershipTest, SetIdBitsFollowTheHostsRules) {
+  ASSERT_TRUE(WriteFile(Host("shared-suid"), "x", 0644));
+  ASSERT_EQ(chmod(Host("shared-suid").c_str(), 06777), 0);
+  EXPECT_ERRNO_EQ(
+      AsUser(
+          kUser, kUserGroup,
+          [&] { return OpenErrno(View("shared-suid"), O_WRONLY | O_TRUNC); }),
+      0);
+  EXPECT_EQ(Octal(HostStat("shared-suid").st_mode), "0777");
+
+  EXPECT_ERRNO_EQ(AsUser(kUser, kUserGroup,
+                         [&] {
+                           return OpenErrno(View("sgid/f"),
+                                            O_WRONLY | O_CREAT | O_EXCL, 02755);
+                         },
+                         {555}),
+                  0);
+  struct stat st = HostStat("sgid/f");
+  EXPECT_EQ(st.st_uid, kUser);
+  EXPECT_EQ(st.st_gid, 555u);
+  EXPECT_EQ(Octal(st.st_mode), "02755");
+}
+
 TEST_F(FuseViewTest, WithoutAllowOtherOtherUsersAreRefused) {
   ASSERT_TRUE(WriteFile(Host("f"), "data"));
   ASSERT_TRUE(Mount());

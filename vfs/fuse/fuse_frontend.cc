@@ -420,7 +420,40 @@ class FuseServer::Impl {
     c.gid = StoredGid(ctx->gid);
     c.pid = ctx->pid;
     c.request_id = next_request_.fetch_add(1, std::memory_order_relaxed);
+    // The kernel checked permissions on attributes it may have cached for
+    // up to the cache timeout: a file replaced meanwhile (by a rename beside
+    // the mount or through another) would otherwise be opened, changed or
+    // linked by this root daemon on the strength of the old file's mode.
+    // So backends that can have the host check again, as the caller.
+    if (host_checks_ && *c.uid != 0) c.groups = GroupsOf(req, *c.uid, *c.gid);
     return c;
+  }
+
+  // The supplementary groups of the process behind `req`, from /proc
+  // (libfuse), remembered for a second per process: a burst of requests
+  // reads them once. Unknown (the process is gone, or in a pid namespace
+  // the daemon cannot see): none, so the host's check is the stricter one.
+  std::vector<gid_t> GroupsOf(fuse_req_t req, uid_t uid, gid_t gid) {
+    const pid_t pid = fuse_req_ctx(req)->pid;
+    const auto now = std::chrono::steady_clock::now();
+    {
+      std::lock_guard lock(groups_mu_);
+      auto it = groups_.find(pid);
+      if (it != groups_.end() && it->second.until > now &&
+          it->second.uid == uid && it->second.gid == gid)
+        return it->second.groups;
+    }
+    std::vector<gid_t> list(32);
+    int n = fuse_req_getgroups(req, static_cast<int>(list.size()), list.data());
+    if (n > static_cast<int>(list.size())) {
+      list.resize(static_cast<size_t>(n));
+      n = fuse_req_getgroups(req, n, list.data());
+    }
+    list.resize(n > 0 ? std::min(static_cast<size_t>(n), list.size()) : 0);
+    std::lock_guard lock(groups_mu_);
+    if (groups_.size() > 4096) groups_.clear();
+    groups_[pid] = KnownGroups{now + std::chrono::seconds(1), uid, gid, list};
+    return list;
   }
 
   // FuseOptions::id_map, both ways.
@@ -650,6 +683,17 @@ class FuseServer::Impl {
   fuse_ino_t next_ino_ = FUSE_ROOT_ID + 1;
 
   std::atomic<uint64_t> next_request_{1};
+  // Whether callers' requests carry their groups (Caller::groups): a
+  // daemon running as root, whose backends act as root unless told.
+  const bool host_checks_ = geteuid() == 0;
+  struct KnownGroups {
+    std::chrono::steady_clock::time_point until;
+    uid_t uid;
+    gid_t gid;
+    std::vector<gid_t> groups;
+  };
+  std::mutex groups_mu_;
+  std::unordered_map<pid_t, KnownGroups> groups_;
 
   // --- open files and directories --------------------------------------
   // Every handle given to the kernel is registered, so that a setattr the
