@@ -17,7 +17,9 @@
 #include <cstdlib>
 #include <cstring>
 #include <set>
+#include <string>
 #include <thread>
+#include <vector>
 
 #include "tests/fuse/fuse_test_support.h"
 
@@ -397,6 +399,39 @@ TEST_F(MiscTest, CacheTimeoutZeroShowsHostChangesAtOnce) {
 
   ASSERT_EQ(unlink(Host("g").c_str()), 0);
   EXPECT_ERRNO_EQ(ErrnoOf(stat(View("g").c_str(), &st)), ENOENT);
+}
+
+// While the kernel still has a name cached, the host file behind it may be
+// removed or replaced beside the mount. An open then reaches the file there
+// now, as on a local filesystem: open(O_CREAT) of a removed file makes a
+// new one (before: ENOENT), and a replaced file is read as itself, not
+// through the old file's node and cached pages.
+TEST_F(MiscTest, AnOpenReachesTheFileThereNowWhateverTheCache) {
+  for (const char* passthrough : {"on", "off"}) {
+    SCOPED_TRACE(std::string("passthrough ") + passthrough);
+    std::vector<std::string> args = {"--cache-timeout", "60"};
+    if (std::string(passthrough) == "off") args.push_back("--no-passthrough");
+    ASSERT_TRUE(Mount(args));
+    ASSERT_TRUE(WriteFile(View("made"), "first"));
+    ASSERT_EQ(ReadFile(View("made")), "first");  // name and pages cached
+    ASSERT_EQ(unlink(Host("made").c_str()), 0);
+    {
+      Fd fd(open(View("made").c_str(), O_WRONLY | O_CREAT, 0644));
+      ASSERT_GE(fd.fd, 0) << std::strerror(errno);
+      ASSERT_EQ(write(fd.fd, "again", 5), 5);
+    }
+    EXPECT_EQ(ReadFile(Host("made")), "again");
+
+    ASSERT_TRUE(WriteFile(View("swapped"), "the old file"));
+    ASSERT_EQ(ReadFile(View("swapped")), "the old file");
+    ASSERT_TRUE(WriteFile(Host("new"), "the new file, longer"));
+    ASSERT_EQ(rename(Host("new").c_str(), Host("swapped").c_str()), 0);
+    EXPECT_EQ(ReadFile(View("swapped")), "the new file, longer");
+    ASSERT_EQ(view_->Stop(), 0) << view_->Log();
+    view_.reset();
+    ASSERT_EQ(unlink(Host("made").c_str()), 0);
+    ASSERT_EQ(unlink(Host("swapped").c_str()), 0);
+  }
 }
 
 // rewinddir(3) shows the directory as it is now (POSIX), not as it was

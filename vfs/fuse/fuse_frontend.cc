@@ -265,6 +265,19 @@ class FuseServer::Impl {
     return std::unique_lock(tree_mu_);
   }
 
+  // False when `h` is known to be another file than node `ino` (a host
+  // descriptor on the node's device with another inode number).
+  bool IsFileOf(fuse_ino_t ino, vfs::FileHandle& h) {
+    const int fd = h.NativeFd();
+    struct stat st;
+    if (fd < 0 || ::fstat(fd, &st) != 0) return true;
+    std::lock_guard lock(table_mu_);
+    auto it = nodes_.find(ino);
+    if (it == nodes_.end()) return true;
+    const FileKey& key = it->second.key;
+    return key.dev != st.st_dev || key.ino == st.st_ino;
+  }
+
   Result<Path> PathOf(fuse_ino_t ino) {
     std::lock_guard lock(table_mu_);
     std::string text;
@@ -1403,7 +1416,17 @@ void OpOpen(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
                                 self->HasBacking(ino);
     if (truncate_later) flags &= ~O_TRUNC;
     auto h = self->backend_.Open(self->CallerFor(req), *path, flags, 0);
+    // The name no longer holds this node's file: it was removed or replaced
+    // beside the mount while the kernel still had it cached. ESTALE makes
+    // the kernel look the name up again and retry, so the open reaches the
+    // file there now under a node of its own (and an open(O_CREAT) creates
+    // it), as on a local filesystem; before, O_CREAT got ENOENT, and a
+    // replaced file was served under the old file's node and cache.
+    if (!h && h.error().code == ENOENT)
+      return self->ReplyError(req, Error{ESTALE, kLookAgain});
     if (!h) return self->ReplyError(req, h.error());
+    if (!self->IsFileOf(ino, **h))
+      return self->ReplyError(req, Error{ESTALE, kLookAgain});
     fi->noflush = (*h)->NeedsFlush() ? 0 : 1;
     vfs::FileHandle* raw = h->get();
     fi->fh = self->AddFile(std::move(*h), ino);
