@@ -21,6 +21,8 @@
 #include <memory>
 #include <random>
 #include <set>
+#include <string>
+#include <string_view>
 #include <utility>
 
 #include "vfs/host_tree.h"
@@ -504,8 +506,35 @@ Result<Fd> OpenHostSubdir(int dirfd, const std::string& name,
   return fd;
 }
 
-// Adds a problem for every special file in the tree below `dirfd`.
-Status ScanHostTree(int dirfd, const std::string& shown, Problems& problems) {
+Result<std::string> ReadHostLink(int dirfd, const std::string& name,
+                                 const std::string& shown);
+
+// Whether the symlink target `target`, in a directory `depth` levels below
+// a tree's top, names a place inside the tree (taken lexically, as the
+// store's walk takes '..').
+bool StaysInside(const std::string& target, int depth) {
+  if (target.empty() || target[0] == '/') return false;
+  int level = depth;
+  size_t start = 0;
+  while (start <= target.size()) {
+    size_t end = target.find('/', start);
+    if (end == std::string::npos) end = target.size();
+    std::string_view comp(target.data() + start, end - start);
+    if (comp == "..") {
+      if (--level < 0) return false;
+    } else if (!comp.empty() && comp != ".") {
+      ++level;
+    }
+    start = end + 1;
+  }
+  return true;
+}
+
+// Adds a problem for every special file in the tree below `dirfd`, and,
+// with `depth` >= 0 (how far `dirfd` is below the top), for every symlink
+// that leads out of the tree: a skill must be whole in its folder.
+Status ScanHostTree(int dirfd, const std::string& shown, Problems& problems,
+                    int depth = -1) {
   auto entries = ListHostDir(dirfd, shown);
   if (!entries) return Unexpected(entries.error());
   for (const HostEntry& e : *entries) {
@@ -513,8 +542,22 @@ Status ScanHostTree(int dirfd, const std::string& shown, Problems& problems) {
     if (S_ISDIR(e.st.st_mode)) {
       auto sub = OpenHostSubdir(dirfd, e.name, child);
       if (!sub) return Unexpected(sub.error());
-      if (auto s = ScanHostTree(sub->get(), child, problems); !s) return s;
-    } else if (!S_ISREG(e.st.st_mode) && !S_ISLNK(e.st.st_mode)) {
+      if (auto s = ScanHostTree(sub->get(), child, problems,
+                                depth < 0 ? -1 : depth + 1);
+          !s)
+        return s;
+    } else if (S_ISLNK(e.st.st_mode)) {
+      if (depth < 0) continue;
+      auto target = ReadHostLink(dirfd, e.name, child);
+      if (!target) {
+        problems.Add(target.error());
+      } else if (!StaysInside(*target, depth)) {
+        problems.Add(child + ": a symlink to " + *target +
+                     ", outside the skill's folder; a skill must hold "
+                     "everything it uses (copy the file in, or link within "
+                     "the folder)");
+      }
+    } else if (!S_ISREG(e.st.st_mode)) {
       problems.Add(SpecialFileMessage(child, e.st.st_mode));
     }
   }
@@ -666,7 +709,7 @@ Result<SkillInfo> ValidateSkillAt(int dirfd, const std::string& shown,
   } else {
     info = std::move(*parsed);
   }
-  if (auto s = ScanHostTree(dirfd, shown, problems); !s)
+  if (auto s = ScanHostTree(dirfd, shown, problems, /*depth=*/0); !s)
     problems.Add(s.error());
   if (!problems.empty()) return Unexpected(problems.ToError());
   return info;
@@ -841,8 +884,14 @@ class Importer {
         offset += static_cast<off_t>(*w);
       }
     }
+    // The host file's mode before the commit, so that the version records
+    // it (a new file was made 0600 to be written, a read-only one given
+    // S_IWUSR); a handle that cannot change modes gets it by path below.
     // Flush is where a committing backend commits; then close the handle
     // before changing attributes by path.
+    if (auto s = (*handle)->Chmod(st.st_mode & 07777);
+        !s && s.error().code != ENOTSUP)
+      return WithContext(s.error(), "chmod " + dest.str());
     discard.done = true;
     if (auto s = (*handle)->Flush(); !s) {
       return WithContext(s.error(), "commit " + dest.str());

@@ -410,9 +410,20 @@ TEST_F(StoreCliTest, HistoryCatAndRestore) {
   const std::string host = work_->Sub("org");
   std::filesystem::create_directories(host);
   ASSERT_TRUE(WriteFile(host + "/oncall.md", v2));
+  ASSERT_TRUE(WriteFile(host + "/run.sh", "#!/bin/sh\n", 0755));
+  ASSERT_TRUE(WriteFile(host + "/ro.txt", "fixed\n", 0444));
   MustAs(dev, {"import", host, "/memories/org"});
   ASSERT_TRUE(WriteFile(host + "/oncall.md", v3));
   MustAs(dev, {"import", host, "/memories/org"});
+  // Every version records the host file's mode: a new file's first one
+  // too, and a read-only file's (which the import makes writable while it
+  // writes it).
+  for (const auto& [name, mode] :
+       {std::pair{"run.sh", "0755"}, std::pair{"ro.txt", "0444"}}) {
+    auto imported = History(dev, std::string("/memories/org/") + name);
+    ASSERT_EQ(imported.size(), 2u) << name;
+    for (const auto& v : imported) EXPECT_EQ(v.at("mode"), mode) << name;
+  }
 
   auto versions = History(dev, file);
   ASSERT_EQ(versions.size(), 3u);

@@ -580,6 +580,30 @@ TEST_F(SkillsTest, ValidateSkillFolderRejectsSpecialFiles) {
                            host_.Sub("pdf/scripts/pipe") + ": is a FIFO"));
 }
 
+// A skill must be whole in its folder: a symlink that leads out of it
+// (absolute, or up past the folder) is refused, naming the file; links
+// within the folder are fine.
+TEST_F(SkillsTest, ValidateSkillFolderRejectsLinksOutOfTheSkill) {
+  MakeSkill(host_.Sub("pdf"), Fields("pdf"));
+  ASSERT_EQ(mkdir(host_.Sub("pdf/scripts").c_str(), 0755), 0);
+  ASSERT_TRUE(WriteFile(host_.Sub("pdf/scripts/run.sh"), "#!/bin/sh\n"));
+  ASSERT_EQ(symlink("scripts/run.sh", host_.Sub("pdf/run").c_str()), 0);
+  ASSERT_EQ(symlink("../SKILL.md", host_.Sub("pdf/scripts/skill").c_str()), 0);
+  ASSERT_OK(ValidateSkillFolder(host_.Sub("pdf")));
+
+  ASSERT_EQ(symlink("/etc/shadow", host_.Sub("pdf/shadow").c_str()), 0);
+  ASSERT_EQ(symlink("../../etc", host_.Sub("pdf/scripts/up").c_str()), 0);
+  ASSERT_EQ(symlink("./x/../../other/f", host_.Sub("pdf/side").c_str()), 0);
+  auto r = ValidateSkillFolder(host_.Sub("pdf"));
+  ASSERT_FALSE(r.has_value());
+  for (const char* bad : {"pdf/shadow", "pdf/scripts/up", "pdf/side"}) {
+    EXPECT_NE(r.error().message.find(host_.Sub(bad) + ": a symlink to"),
+              std::string::npos)
+        << bad << ": " << r.error().message;
+  }
+  EXPECT_EQ(r.error().message.find("pdf/run:"), std::string::npos);
+}
+
 // ------------------------------------------------------------ ImportSkills
 
 TEST_F(SkillsTest, ImportSkillsImportsEveryFolderOfAFolderOfSkills) {
