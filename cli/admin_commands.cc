@@ -17,27 +17,8 @@
 namespace agentvfs::cli {
 namespace {
 
-// The one line that carries a new token.
-// `s` as one shell word: as it is when it holds only safe characters, else
-// in single quotes.
-std::string ShellQuoted(const std::string& s) {
-  if (!s.empty() &&
-      s.find_first_not_of("abcdefghijklmnopqrstuvwxyz"
-                          "ABCDEFGHIJKLMNOPQRSTUVWXYZ"
-                          "0123456789_-./:@%+,") == std::string::npos)
-    return s;
-  std::string out = "'";
-  for (char c : s) {
-    if (c == '\'')
-      out += "'\\''";
-    else
-      out += c;
-  }
-  return out + "'";
-}
-
-// Fails when the line did not reach standard output (a full disk, a closed
-// pipe): the token would be lost.
+// The one line that carries a new token. Fails when the line did not reach
+// standard output (a full disk, a closed pipe): the token would be lost.
 vfs::Status PrintToken(const std::string& user, const std::string& token) {
   std::cout << "token for " << user << " (shown once; keep it): " << token
             << std::endl;
@@ -69,7 +50,7 @@ int RunInit(const StoreFlags& flags, const std::string& admin) {
                "line:\n"
             << "  export AGENTVFS_TOKEN=<the token above>\n"
             << "  export AGENTVFS_STORE="
-            << ShellQuoted(store::DisplayName(*name)) << "\n"
+            << store::ShellQuoted(store::DisplayName(*name)) << "\n"
             << "or keep it in a file only you can read and pass "
                "--token-file FILE.\n";
   if (store::DisplayName(*name) != *name) {

@@ -247,7 +247,7 @@ void AddRestore(CLI::App& app, int* exit_code) {
     *exit_code = RunAsUser(
         "restore", a->store, "cli", [&](StoreSession& s) -> vfs::Status {
           auto v = s.backend->Restore(s.caller, *path, a->version);
-          if (!v) return std::unexpected(v.error());
+          if (!v) return Naming(v.error(), *path);
           std::cout << "restored version " << a->version << " of "
                     << path->str() << " as version " << v->n << "\n";
           return {};

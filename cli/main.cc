@@ -26,7 +26,10 @@ int main(int argc, char** argv) {
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
-    return app.exit(e);
+    // --help and --version exit 0; every usage error 2, as is usual (CLI11
+    // would give each kind its own number: 105 for a rejected value).
+    int code = app.exit(e);
+    return code == 0 ? 0 : 2;
   }
   // Output that could not be written (a full disk, a closed pipe) is a
   // failure, not a quiet success.

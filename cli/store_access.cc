@@ -16,7 +16,8 @@ namespace agentvfs::cli {
 
 void AddStoreFlags(CLI::App* cmd, StoreFlags* flags, bool with_token) {
   cmd->add_option("--store", flags->store,
-                  "The store: a SQLite file (default: $AGENTVFS_STORE, or "
+                  "The store: a SQLite file or a postgresql:// URI (default: "
+                  "$AGENTVFS_STORE, or "
                   "`store:` in ~/.config/agentvfs/config.yaml)");
   if (with_token) {
     cmd->add_option("--token-file", flags->token_file,

@@ -29,6 +29,22 @@ std::string DisplayName(const std::string& name) {
   return name;
 }
 
+std::string ShellQuoted(const std::string& s) {
+  if (!s.empty() &&
+      s.find_first_not_of("abcdefghijklmnopqrstuvwxyz"
+                          "ABCDEFGHIJKLMNOPQRSTUVWXYZ"
+                          "0123456789_-./:@%+,") == std::string::npos)
+    return s;
+  std::string out = "'";
+  for (char c : s) {
+    if (c == '\'')
+      out += "'\\''";
+    else
+      out += c;
+  }
+  return out + "'";
+}
+
 std::vector<std::string> SecretPathsOf(const std::string& name) {
   if (name.starts_with("postgresql://") || name.starts_with("postgres://"))
     return PostgresSecretPaths(name);

@@ -52,6 +52,10 @@ using Row = std::vector<Value>;
 // without its password; any other name as it is.
 std::string DisplayName(const std::string& name);
 
+// `s` as one shell word, for a command a message suggests: as it is when it
+// holds only safe characters, else in single quotes (a URI's '&' and '?').
+std::string ShellQuoted(const std::string& s);
+
 // Host paths that reach the store `name` other than through a user's token,
 // which a sandbox must never see: a SQLite file with its -wal, -shm and
 // -journal; for PostgreSQL, the files libpq takes a password or settings

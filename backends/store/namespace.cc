@@ -297,7 +297,7 @@ vfs::Result<Walked> WalkWith(Txn& txn, const std::string& path,
     }
     if (!child) return std::unexpected(child.error());
     if (!*child) {
-      if (!last) return vfs::Fail(ENOENT, "no such directory");
+      if (!last) return vfs::Fail(ENOENT, "no such file or directory");
       std::string dir_path = JoinPath(names, names.size());
       remember(dir_path, dir.ino);
       out.parent = dir;

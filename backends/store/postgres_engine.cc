@@ -832,7 +832,25 @@ class PostgresEngine final : public Engine {
     if (missing && !create) {
       return vfs::Fail(ENOENT, "no agentvfs store in " + shown_ +
                                    "; create one with `agentvfs init --store " +
-                                   shown_ + " --admin NAME`");
+                                   ShellQuoted(shown_) + " --admin NAME`");
+    }
+    if (missing) {
+      // A store is made only in a database (schema) of its own: never next
+      // to another program's tables, so a mistyped name never changes
+      // someone else's database (as for SQLite).
+      auto others = writer_.Query(
+          "SELECT string_agg(tablename, ', ' ORDER BY tablename), COUNT(*) "
+          "FROM (SELECT tablename FROM pg_tables WHERE schemaname = "
+          "current_schema() ORDER BY tablename LIMIT 5) t",
+          {});
+      if (!others) return std::unexpected(others.error());
+      if (!IsNull((*others)[0][0]) && AsInt((*others)[0][1]) > 0) {
+        return vfs::Fail(
+            EEXIST, shown_ + " holds tables of another program (" +
+                        AsText((*others)[0][0]) +
+                        "), not an agentvfs store; make the store in a new "
+                        "database (createdb NAME) or an empty one");
+      }
     }
     for (size_t v = 0; v < kMigrations.size(); ++v) {
       int target = static_cast<int>(v) + 1;

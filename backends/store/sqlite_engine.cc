@@ -668,7 +668,7 @@ vfs::Result<std::unique_ptr<Engine>> OpenSqliteEngine(const std::string& path,
   if (!exists && !create) {
     return vfs::Fail(ENOENT, "no store at " + path +
                                  "; create one with `agentvfs init --store " +
-                                 path + " --admin NAME`");
+                                 ShellQuoted(path) + " --admin NAME`");
   }
   if (exists && !S_ISREG(st.st_mode)) {
     return vfs::Fail(EINVAL, path + " is not a store file");
@@ -701,7 +701,7 @@ vfs::Result<std::unique_ptr<Engine>> OpenSqliteEngine(const std::string& path,
     if (!create) {
       return vfs::Fail(ENOENT, "no agentvfs store in " + path +
                                    "; create one with `agentvfs init --store " +
-                                   path + " --admin NAME`");
+                                   ShellQuoted(path) + " --admin NAME`");
     }
     auto tables = w.Query("SELECT COUNT(*) FROM sqlite_master", {});
     if (!tables) return std::unexpected(tables.error());

@@ -872,8 +872,19 @@ class StoreBackend::Impl {
                                 "was committed; read it again and redo the "
                                 "change");
       }
-      TRY_ASSIGN(path, AnyPath(txn, node.ino));
-      if (path.empty()) path = node.path;
+      // The name written through while it still is one of the file's: a
+      // file with several names (hard links) is committed, checked and
+      // recorded in its history under the one the writer used.
+      std::string path = node.path;
+      bool named = false;
+      if (inode->nlink > 1 && !path.empty()) {
+        auto w = Walk(txn, path, false);
+        named = w && w->node && w->node->ino == node.ino;
+      }
+      if (!named) {
+        TRY_ASSIGN(any, AnyPath(txn, node.ino));
+        if (!any.empty()) path = any;
+      }
       if (auto ok = NeedWrite(**policy, path); !ok)
         return NothingCommitted(ok.error());
       int64_t mtime =

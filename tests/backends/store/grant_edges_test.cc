@@ -214,6 +214,20 @@ TEST_P(GrantEdgesTest, APathThroughAHiddenFolderFailsAsAMissingOne) {
   for (const auto& e : missing) EXPECT_EQ(e, "ENOENT");
   for (const char* name : {"file.md", "loop", "out"})
     EXPECT_EQ(answers(name), missing) << name;
+  // Nor do the messages: through a link to a folder that does not exist
+  // and through one to a hidden folder, the same words.
+  ASSERT_OK(backend_->Symlink(bob_, "/memories/users/nobody",
+                              P("/memories/users/bob/gone")));
+  auto message = [&](const std::string& p) {
+    auto r = backend_->Open(bob_, P(p), O_RDONLY, 0);
+    if (r) return std::string("<ok>");
+    std::string m = r.error().ToString();
+    for (size_t at; (at = m.find(p)) != std::string::npos;)
+      m.replace(at, p.size(), "PATH");
+    return m;
+  };
+  EXPECT_EQ(message("/memories/users/bob/gone/x.md"),
+            message("/memories/users/bob/l/x.md"));
   // Where the caller sees, the same paths keep their precise errors.
   ASSERT_OK(Put(bob_, "/memories/users/bob/mine.md", "bob's\n"));
   EXPECT_ERRNO(backend_->Stat(bob_, P("/memories/users/bob/mine.md/x")),

@@ -355,6 +355,23 @@ TEST_P(HistoryTest, ASaveByRenameKeepsThePathsHistory) {
   EXPECT_ERRNO(backend_->OpenVersion(dev_, P(kFile), 1), ENOENT);
 }
 
+// A file with two names is committed under the one written through: the
+// history says which, and the write is checked against that name's grants.
+TEST_P(HistoryTest, AVersionOfAHardLinkedFileNamesTheNameWrittenThrough) {
+  const std::string other = "/memories/users/dev/linked.md";
+  ASSERT_OK(Put(dev_, kFile, "one\n"));
+  ASSERT_OK(backend_->Link(dev_, P(kFile), P(other)));
+  ASSERT_OK(Put(dev_, other, "two\n"));
+  ASSERT_OK(Put(dev_, kFile, "three\n"));
+  ASSERT_OK(Put(dev_, other, "four\n"));
+  ASSERT_OK_AND_ASSIGN(auto h, backend_->History(dev_, P(kFile)));
+  ASSERT_EQ(h.size(), 4u);
+  EXPECT_EQ(h[0].path, kFile);
+  EXPECT_EQ(h[1].path, other);
+  EXPECT_EQ(h[2].path, kFile);
+  EXPECT_EQ(h[3].path, other);
+}
+
 TEST_P(HistoryTest, PurgeErasesTheBytesForGood) {
   // Small enough to sit whole in one database page.
   const std::string secret = "SECRET-" + std::string(900, 'q') + "-END";

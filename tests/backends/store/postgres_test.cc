@@ -232,6 +232,25 @@ TEST(PostgresEngineTest, AnUnreachableServerOrMissingStoreIsAClearError) {
   EXPECT_NE(empty.error().message.find("agentvfs init --store"),
             std::string::npos)
       << empty.error().message;
+  // The suggested command survives a shell: the URI's '?' and '&' quoted.
+  EXPECT_NE(empty.error().message.find("--store '" + uri + "'"),
+            std::string::npos)
+      << empty.error().message;
+
+  // A database holding another program's tables never becomes a store
+  // (init, migrate --to): nothing is added next to them.
+  ASSERT_OK(PgQuery(uri, "CREATE TABLE invoices(id int)"));
+  auto foreign = Engine::Open(uri, true);
+  ASSERT_FALSE(foreign.has_value());
+  EXPECT_EQ(foreign.error().code, EEXIST);
+  EXPECT_NE(foreign.error().message.find("invoices"), std::string::npos)
+      << foreign.error().message;
+  ASSERT_OK_AND_ASSIGN(
+      std::string tables,
+      PgQuery(uri,
+              "SELECT string_agg(tablename, ',') FROM "
+              "pg_tables WHERE schemaname = current_schema()"));
+  EXPECT_EQ(tables, "invoices");
   testing::DropTestDatabase(uri);
 }
 
