@@ -38,7 +38,7 @@ struct timespec ToTimespec(int64_t ns) {
 vfs::Attr Inode::ToAttr() const {
   vfs::Attr st{};
   st.st_dev = kStoreDev;
-  st.st_ino = static_cast<ino_t>(ino);
+  st.st_ino = static_cast<ino_t>(static_cast<uint64_t>(ino) | kStoreInoBit);
   st.st_mode = kind | (mode & 07777);
   st.st_nlink = static_cast<nlink_t>(nlink);
   st.st_uid = static_cast<uid_t>(uid);

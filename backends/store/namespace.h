@@ -22,6 +22,12 @@ inline constexpr int64_t kRootIno = 1;
 // st_dev reported for store files, so frontends never mix them up with host
 // files of the same inode number.
 inline constexpr dev_t kStoreDev = 0x41565346;  // "AVSF"
+// Added to an inode's number in the st_ino it reports: a view shows store
+// and workspace files on one device, where the same number would make two
+// files one for tar (a hard link) and du (counted once). Host inode numbers
+// do not reach bit 62 on the filesystems a workspace lives on; the
+// router's own directories use bit 63.
+inline constexpr uint64_t kStoreInoBit = 1ull << 62;
 inline constexpr size_t kChunkSize = 1 << 20;
 
 int64_t NowNs();

@@ -506,7 +506,9 @@ class StoreBackend::Impl {
 
   // Draft overlay for stat: what this session sees of a file it is writing.
   void Overlay(const Caller& c, vfs::Attr& st) {
-    auto node = FindNode(c.session, static_cast<int64_t>(st.st_ino));
+    auto node = FindNode(
+        c.session,
+        static_cast<int64_t>(static_cast<uint64_t>(st.st_ino) & ~kStoreInoBit));
     if (!node) return;
     std::lock_guard lock(node->mu);
     if (node->draft) {

@@ -5,6 +5,7 @@
 // mount that serves the imported skill with its script runnable.
 #include <fcntl.h>
 #include <sqlite3.h>
+#include <sys/mount.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -721,6 +722,44 @@ TEST_F(StoreCliTest, MountServesTheStoreAsTheUser) {
   EXPECT_TRUE(
       versions[0].at("session").get<std::string>().starts_with("mount-"));
   EXPECT_EQ(MustAs(lead, {"cat", "/memories/teams/eng/plan.md"}), "ship it\n");
+}
+
+// Store files and workspace files never share an inode number in the view,
+// where both show on the mount's one device: tar would store one as a hard
+// link of the other (its bytes lost on extraction), du would count one and
+// skip the other. A tmpfs workspace numbers its inodes from 2 up, as the
+// store does.
+TEST_F(StoreCliTest, StoreAndWorkspaceFilesNeverShareAnInodeNumber) {
+  const std::string lead = Init();
+  TempDir ws("agentvfs-cli-ws"), mnt("agentvfs-cli-mnt");
+  ASSERT_EQ(::mount("tmpfs", ws.path().c_str(), "tmpfs", 0, "size=4m"), 0)
+      << std::strerror(errno);
+  struct Unmount {
+    std::string path;
+    ~Unmount() { umount2(path.c_str(), MNT_DETACH); }
+  } unmount{ws.path()};
+  for (int i = 0; i < 30; ++i) {
+    ASSERT_TRUE(WriteFile(ws.Sub("w" + std::to_string(i)), "workspace\n"));
+    ASSERT_TRUE(
+        ApiWrite("lead", "/memories/org/s" + std::to_string(i), "store\n"));
+  }
+  std::string error;
+  auto view = MountAs(lead, ws, mnt, &error);
+  ASSERT_NE(view, nullptr) << error;
+  std::map<ino_t, std::string> seen;
+  for (const auto& dir : {std::string("/workspace"), std::string("/memories"),
+                          std::string("/memories/org")}) {
+    const std::string at = view->mountpoint() + dir;
+    for (const auto& name : ListDir(at).value_or(std::vector<std::string>{})) {
+      struct stat st {};
+      ASSERT_EQ(lstat((at + "/" + name).c_str(), &st), 0) << name;
+      auto [it, fresh] = seen.emplace(st.st_ino, dir + "/" + name);
+      EXPECT_TRUE(fresh) << dir + "/" + name << " has the inode number of "
+                         << it->second;
+    }
+  }
+  EXPECT_GE(seen.size(), 60u);
+  EXPECT_EQ(view->Stop(), 0) << view->Log();
 }
 
 // `sed -i` through a mount writes a new file and renames it over the old
