@@ -251,6 +251,23 @@ class ActAs {
   ActAs& operator=(const ActAs&) = delete;
   ~ActAs() { Leave(); }
 
+  // Back to the daemon's own credentials before the end of the scope.
+  void Leave() {
+    if (!entered_ && !groups_set_) return;
+    const int err = errno;  // the failure being reported, if any
+    if (entered_) {
+      // Back to uid 0 the kernel raises the filesystem capabilities from
+      // the permitted set; the saved set says which were effective.
+      setfsuid(old_uid_);
+      setfsgid(old_gid_);
+      if (restore_caps_) syscall(SYS_capset, &header_, saved_);
+    }
+    if (groups_set_)
+      syscall(SYS_setgroups, old_groups_.size(), old_groups_.data());
+    entered_ = groups_set_ = false;
+    errno = err;
+  }
+
   // Switches to c's identity. True when a node made now is the caller's
   // (switched, or the caller is who the daemon is); false when it must be
   // given away afterwards (ChownNew): no identity, or a daemon that cannot
@@ -299,22 +316,6 @@ class ActAs {
   }
 
  private:
-  void Leave() {
-    if (!entered_ && !groups_set_) return;
-    const int err = errno;  // the failure being reported, if any
-    if (entered_) {
-      // Back to uid 0 the kernel raises the filesystem capabilities from
-      // the permitted set; the saved set says which were effective.
-      setfsuid(old_uid_);
-      setfsgid(old_gid_);
-      if (restore_caps_) syscall(SYS_capset, &header_, saved_);
-    }
-    if (groups_set_)
-      syscall(SYS_setgroups, old_groups_.size(), old_groups_.data());
-    entered_ = groups_set_ = false;
-    errno = err;
-  }
-
   bool entered_ = false;
   bool groups_set_ = false;
   bool restore_caps_ = false;
@@ -820,9 +821,21 @@ Status LocalDirBackend::Chmod(const Caller& c, const Path& path, mode_t mode) {
                                 ": is a symlink; symlinks have no mode of "
                                 "their own");
   }
-  if (chmod(ProcFdPath(fd).c_str(), mode & 07777) != 0)
-    return Errno("chmod", path);
-  return {};
+  if (chmod(ProcFdPath(fd).c_str(), mode & 07777) == 0) return {};
+  // A write or truncate by someone who may write the file but does not own
+  // it makes the kernel clear its set-ID bits (as a local filesystem
+  // would), by asking for this mode: the caller may not chmod, so the
+  // daemon clears them for it, once the host agrees the caller may write.
+  const mode_t now = st.st_mode & 07777, asked = mode & 07777;
+  const mode_t dropped = now & ~asked;
+  if (errno == EPERM && S_ISREG(st.st_mode) && dropped != 0 &&
+      (dropped & ~static_cast<mode_t>(S_ISUID | S_ISGID)) == 0 &&
+      (asked & ~now) == 0 &&
+      faccessat(AT_FDCWD, ProcFdPath(fd).c_str(), W_OK, AT_EACCESS) == 0) {
+    as.Leave();
+    if (chmod(ProcFdPath(fd).c_str(), asked) == 0) return {};
+  }
+  return Errno("chmod", path);
 }
 
 Status LocalDirBackend::Chown(const Caller& c, const Path& path, uid_t uid,

@@ -298,6 +298,24 @@ TEST_F(OwnershipTest, AFileReplacedBesideTheMountIsCheckedAsItIsNow) {
   EXPECT_EQ(ReadFile(Host("open/mine")), "root's secret");
 }
 
+// A file another user's cached file was removed beside the mount: the
+// kernel's permission check asks for fresh attributes, finds the file gone
+// and looks the name up again, so open(O_CREAT) creates it (before: ENOENT).
+TEST_F(OwnershipTest, OCreatOfAFileRemovedBesideTheMountCreatesIt) {
+  ASSERT_EQ(mkdir(Host("open2").c_str(), 0777), 0);
+  ASSERT_EQ(chmod(Host("open2").c_str(), 0777), 0);
+  ASSERT_TRUE(WriteFile(View("open2/gone"), "root's", 0600));
+  ASSERT_EQ(ReadFile(View("open2/gone")), "root's");  // cached
+  ASSERT_EQ(unlink(Host("open2/gone").c_str()), 0);
+  EXPECT_ERRNO_EQ(AsUser(kUser, kUserGroup,
+                         [&] {
+                           return OpenErrno(View("open2/gone"),
+                                            O_WRONLY | O_CREAT, 0644);
+                         }),
+                  0);
+  EXPECT_EQ(HostStat("open2/gone").st_uid, kUser);
+}
+
 // What the host does for a local process, the mount does too: a truncating
 // open by a user who may write but does not own the file clears its set-ID
 // bits, and a member of a set-group-ID directory's group (through a
@@ -311,6 +329,23 @@ TEST_F(OwnershipTest, SetIdBitsFollowTheHostsRules) {
           [&] { return OpenErrno(View("shared-suid"), O_WRONLY | O_TRUNC); }),
       0);
   EXPECT_EQ(Octal(HostStat("shared-suid").st_mode), "0777");
+  // A write by a group member who does not own the file clears them too
+  // (the kernel asks the daemon to, by a chmod the member may not make).
+  ASSERT_TRUE(WriteFile(Host("group-suid"), "x", 0644));
+  ASSERT_EQ(chown(Host("group-suid").c_str(), 0, 555), 0);
+  ASSERT_EQ(chmod(Host("group-suid").c_str(), 06775), 0);
+  EXPECT_ERRNO_EQ(AsUser(kUser, kUserGroup,
+                         [&] {
+                           int fd = open(View("group-suid").c_str(), O_WRONLY);
+                           if (fd < 0) return errno;
+                           int e = ErrnoOf(write(fd, "y", 1));
+                           close(fd);
+                           return e;
+                         },
+                         {555}),
+                  0);
+  EXPECT_EQ(Octal(HostStat("group-suid").st_mode), "0775");
+  EXPECT_EQ(ReadFile(Host("group-suid")), "y");
 
   EXPECT_ERRNO_EQ(AsUser(kUser, kUserGroup,
                          [&] {

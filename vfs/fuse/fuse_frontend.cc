@@ -1188,6 +1188,17 @@ void OpGetattr(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
         auto key = self->KeyOf(ino);
         if (key && (key->dev != st->st_dev || key->ino != st->st_ino))
           if (auto open = self->AnyFileOf(ino)) st = open->Stat();
+      } else if (st.error().code == ENOENT) {
+        // Removed beside the mount while the kernel had the name cached:
+        // an open file answers for itself; otherwise ESTALE makes the
+        // kernel look the name up again, so a stat says ENOENT after all
+        // and an open(O_CREAT) (whose permission check asked for fresh
+        // attributes) creates the file, instead of failing with ENOENT.
+        if (auto open = self->AnyFileOf(ino)) {
+          st = open->Stat();
+        } else {
+          return self->ReplyError(req, Error{ESTALE, kLookAgain});
+        }
       }
     } else {
       // No name left (unlinked, renamed over) while a process still holds
