@@ -226,8 +226,16 @@ TempDir::TempDir(const std::string& prefix) {
 TempDir::~TempDir() {
   if (path_.empty()) return;
   if (MountedView::IsMounted(path_)) LazyUnmount(path_);
-  if (!RemoveTree(path_)) {
-    ADD_FAILURE() << "could not remove temporary directory " << path_;
+  // A --background daemon unmounted by the test goes on closing its store
+  // here for a moment (SQLite removes its -wal and -shm files at the last
+  // close), which a removal running at the same time trips over: try again
+  // for up to 5 s before calling it a leftover.
+  for (int attempt = 0; !RemoveTree(path_); ++attempt) {
+    if (attempt == 50) {
+      ADD_FAILURE() << "could not remove temporary directory " << path_;
+      return;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
   }
 }
 
