@@ -52,14 +52,6 @@ nlohmann::json VersionJson(const store::VersionInfo& v) {
   };
 }
 
-// `path` for a terminal: control characters are shown as '?'.
-std::string Shown(std::string path) {
-  for (char& c : path) {
-    if (static_cast<unsigned char>(c) < 0x20 || c == 0x7f) c = '?';
-  }
-  return path;
-}
-
 // `path` is the one the history was asked for; a version made under
 // another name (a temporary file an editor renamed over it, or before a
 // move) says where.
@@ -88,7 +80,7 @@ void PrintHistoryTable(const std::vector<store::VersionInfo>& versions,
   for (const auto& v : versions) {
     std::string note = v.deleted ? "deleted" : "";
     if (v.path != path) {
-      note += (note.empty() ? "at " : " at ") + Shown(v.path);
+      note += (note.empty() ? "at " : " at ") + ForTerminal(v.path);
     }
     row(std::to_string(v.n), UtcTime(v.time_ns), v.author, v.session,
         v.deleted ? "-" : std::to_string(v.size), v.content_hash.substr(0, 12),

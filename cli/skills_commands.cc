@@ -18,14 +18,9 @@
 namespace agentvfs::cli {
 namespace {
 
-// The first line of `text` for a terminal: control characters (an escape
-// sequence someone put in a skill's description) are shown as '?'.
+// The first line of `text` for a terminal (ForTerminal).
 std::string FirstLine(std::string_view text) {
-  std::string line(text.substr(0, text.find('\n')));
-  for (char& c : line) {
-    if (static_cast<unsigned char>(c) < 0x20 || c == 0x7f) c = '?';
-  }
-  return line;
+  return ForTerminal(text.substr(0, text.find('\n')));
 }
 
 void AddSkillsImport(CLI::App* skills, int* exit_code) {

@@ -179,4 +179,12 @@ int Report(const std::string& cmd, const vfs::Error& error) {
   return error.code == EINVAL || error.code == ENOENT ? 2 : 1;
 }
 
+std::string ForTerminal(std::string_view text) {
+  std::string out(text);
+  for (char& c : out) {
+    if (static_cast<unsigned char>(c) < 0x20 || c == 0x7f) c = '?';
+  }
+  return out;
+}
+
 }  // namespace agentvfs::cli

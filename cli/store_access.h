@@ -10,6 +10,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "backends/store/store.h"
@@ -70,5 +71,9 @@ std::string NewSessionId(const std::string& prefix);
 // Prints "agentvfs CMD: message" to stderr and returns the exit code for
 // the error (2 for bad input, 1 otherwise).
 int Report(const std::string& cmd, const vfs::Error& error);
+
+// `text` for a terminal line: control characters (an escape sequence put in
+// a skill's description or a file's name) are shown as '?'.
+std::string ForTerminal(std::string_view text);
 
 }  // namespace agentvfs::cli

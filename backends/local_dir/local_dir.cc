@@ -260,7 +260,7 @@ class ActAs {
       // the permitted set; the saved set says which were effective.
       setfsuid(old_uid_);
       setfsgid(old_gid_);
-      if (restore_caps_) syscall(SYS_capset, &header_, saved_);
+      syscall(SYS_capset, &header_, saved_);
     }
     if (groups_set_)
       syscall(SYS_setgroups, old_groups_.size(), old_groups_.data());
@@ -296,7 +296,6 @@ class ActAs {
     old_uid_ = static_cast<uid_t>(setfsuid(uid));
     old_gid_ = static_cast<gid_t>(setfsgid(gid));
     entered_ = true;
-    restore_caps_ = true;
     if (static_cast<uid_t>(setfsuid(-1)) != uid ||
         static_cast<gid_t>(setfsgid(-1)) != gid) {
       Leave();
@@ -318,7 +317,6 @@ class ActAs {
  private:
   bool entered_ = false;
   bool groups_set_ = false;
-  bool restore_caps_ = false;
   uid_t old_uid_ = 0;
   gid_t old_gid_ = 0;
   std::vector<gid_t> old_groups_;

@@ -2238,14 +2238,12 @@ Result<int64_t> FileOfPath(Txn& txn, const Policy& policy,
   return files.back().ino;
 }
 
-// Version `n` of `path`'s history (as History numbers them): the file it
-// belongs to and its number there. ENOENT when there is no such version.
-Result<std::pair<int64_t, int64_t>> VersionOfPath(Txn& txn,
-                                                  const Policy& policy,
-                                                  const std::string& path,
-                                                  int64_t n,
-                                                  std::string* canon) {
-  TRY_ASSIGN(files, TimelineOf(txn, policy, path, canon));
+// Version `n` of a history made of `files` (as History numbers them): the
+// file it belongs to and its number there. ENOENT when there is no such
+// version.
+Result<std::pair<int64_t, int64_t>> VersionIn(
+    const std::vector<TimelineFile>& files, const std::string& path,
+    int64_t n) {
   for (size_t i = files.size(); i-- > 0;) {
     if (n > files[i].offset)
       return std::pair{files[i].ino, n - files[i].offset};
@@ -2291,12 +2289,13 @@ Result<std::unique_ptr<vfs::FileHandle>> StoreBackend::OpenVersion(
   int64_t ino = 0, file_n = 0;  // the file and the version's number in it
   TRY(engine_->Read([&](Txn& txn) -> Status {
     std::string canon;
-    TRY_ASSIGN(found, VersionOfPath(txn, *policy, path.str(), n, &canon));
+    TRY_ASSIGN(files, TimelineOf(txn, *policy, path.str(), &canon));
     TRY(Impl::NeedRead(*policy, canon));
+    TRY_ASSIGN(found, VersionIn(files, path.str(), n));
     std::tie(ino, file_n) = found;
     auto rows = txn.Query(std::string("SELECT ") + kVersionColumns +
                               " FROM versions WHERE ino = ? AND n = ?",
-                          {ino, found.second});
+                          {ino, file_n});
     if (!rows) return std::unexpected(rows.error());
     if (rows->empty() || !Readable(*policy, AsText((*rows)[0][1]))) {
       return Fail(ENOENT, path.str() + " has no version " + std::to_string(n) +
@@ -2329,10 +2328,10 @@ Result<VersionInfo> StoreBackend::Restore(const Caller& c, const Path& path,
   TRY(engine_->Read([&](Txn& txn) -> Status {
     // Version n may be of a file that had the path before the last one.
     std::string canon;
-    TRY_ASSIGN(ino, FileOfPath(txn, *policy, path.str(), &canon));
-    TRY_ASSIGN(inode, LoadInode(txn, ino));
+    TRY_ASSIGN(files, TimelineOf(txn, *policy, path.str(), &canon));
+    TRY_ASSIGN(inode, LoadInode(txn, files.back().ino));
     deleted = inode && inode->deleted;
-    TRY_ASSIGN(source, VersionOfPath(txn, *policy, path.str(), n, &canon));
+    TRY_ASSIGN(source, VersionIn(files, path.str(), n));
     auto rows =
         txn.Query("SELECT mode, content FROM versions WHERE ino = ? AND n = ?",
                   {source.first, source.second});

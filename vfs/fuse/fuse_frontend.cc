@@ -271,11 +271,8 @@ class FuseServer::Impl {
     const int fd = h.NativeFd();
     struct stat st;
     if (fd < 0 || ::fstat(fd, &st) != 0) return true;
-    std::lock_guard lock(table_mu_);
-    auto it = nodes_.find(ino);
-    if (it == nodes_.end()) return true;
-    const FileKey& key = it->second.key;
-    return key.dev != st.st_dev || key.ino == st.st_ino;
+    auto key = KeyOf(ino);
+    return !key || key->dev != st.st_dev || key->ino == st.st_ino;
   }
 
   Result<Path> PathOf(fuse_ino_t ino) {
