@@ -15,6 +15,8 @@
 //     the next transaction starts; a transaction that was running when it
 //     dropped fails with EIO and commits nothing, or, when the drop came
 //     during COMMIT, reports that its outcome is unknown (never acknowledged).
+//     A server that stays unreachable after an operation's retries makes
+//     the next operations fail at once, one every 2 s trying again.
 //   - Change hints: an insert into `changes` notifies the channel
 //     agentvfs_changes (a statement trigger); WatchChanges listens on a
 //     connection of its own.
@@ -26,10 +28,12 @@
 #include <unistd.h>
 
 #include <array>
-#include <cctype>
 #include <atomic>
+#include <cctype>
 #include <chrono>
+#include <cstdlib>
 #include <cstring>
+#include <ctime>
 #include <filesystem>
 #include <map>
 #include <mutex>
@@ -192,7 +196,12 @@ constexpr int kLayoutChange = 3;
 constexpr int64_t kWriteLock = 0x61767366'77726974;    // "avsfwrit"
 constexpr int64_t kMigrateLock = 0x61767366'6d696772;  // "avsfmigr"
 constexpr size_t kReaders = 4;
-constexpr auto kReconnectFor = std::chrono::seconds(30);
+constexpr auto kReconnectFor = std::chrono::milliseconds(30'000);
+// While the server is unreachable, how often one operation tries it again.
+constexpr auto kProbeEvery = std::chrono::seconds(2);
+constexpr const char* kWhileDown =
+    "until the server answers, one operation every 2 s tries again and the "
+    "others fail at once";
 constexpr const char* kChannel = "agentvfs_changes";
 
 // PostgreSQL type OIDs (pg_type.h) of the result columns we decode.
@@ -795,13 +804,21 @@ class PostgresEngine final : public Engine {
  private:
   // Starts a transaction on `c`, reconnecting first when the server dropped
   // the connection (a restart): nothing of this transaction ran yet, so it
-  // is safe to try again, for up to kReconnectFor.
+  // is safe to try again, for up to retry_for_. Once an operation has given
+  // up, the server counts as unreachable: until a connection opens again,
+  // one operation every kProbeEvery tries once and the others fail at once,
+  // so that a mount's every request does not wait the whole time again.
   vfs::Status Begin(Connection& c, const std::string& begin) {
-    auto deadline = std::chrono::steady_clock::now() + kReconnectFor;
+    using Clock = std::chrono::steady_clock;
+    auto deadline = Clock::now() + retry_for_;
     auto pause = std::chrono::milliseconds(50);
     while (true) {
       vfs::Status ok;
       if (!c.Ok()) {
+        if (down_.load(std::memory_order_relaxed)) {
+          if (auto probe = MayProbe(); !probe) return probe;
+          deadline = Clock::now();  // this one tries once
+        }
         ok = c.Open();
         // Refused (credentials, no such database): waiting will not help.
         if (!ok && (ok.error().code == EACCES || ok.error().code == ENOENT)) {
@@ -809,18 +826,81 @@ class PostgresEngine final : public Engine {
         }
       }
       if (ok) ok = c.Run(begin);
-      if (ok) return {};
+      if (ok) {
+        if (down_.load(std::memory_order_relaxed)) Reachable();
+        return {};
+      }
       if (c.raw() != nullptr && c.Ok()) {
         // The server answered: a real error (lock timeout...), not a drop.
         (void)c.Run("ROLLBACK");
         if (c.Ok()) return ok;
       }
-      if (std::chrono::steady_clock::now() + pause > deadline) {
-        return vfs::Fail(ok.error().code == EACCES ? EACCES : EIO,
-                         ok.error().message);
+      if (Clock::now() + pause > deadline) {
+        if (ok.error().code == EACCES) return ok;
+        return Unreachable(ok.error().message);
       }
       std::this_thread::sleep_for(pause);
       pause = std::min(pause * 2, std::chrono::milliseconds(1000));
+    }
+  }
+
+  // How long an operation keeps reconnecting: AGENTVFS_PG_RETRY_SECONDS
+  // (read when the engine opens), or kReconnectFor.
+  static std::chrono::milliseconds RetryFromEnvironment() {
+    const char* v = std::getenv("AGENTVFS_PG_RETRY_SECONDS");
+    if (v == nullptr || *v == '\0') return kReconnectFor;
+    char* end = nullptr;
+    const double s = std::strtod(v, &end);
+    if (*end != '\0' || !(s >= 0 && s <= 86400)) {
+      spdlog::warn(
+          "AGENTVFS_PG_RETRY_SECONDS={} is not a number of seconds from 0 to "
+          "86400; using {} s",
+          v, kReconnectFor.count() / 1000);
+      return kReconnectFor;
+    }
+    return std::chrono::milliseconds(static_cast<int64_t>(s * 1000));
+  }
+
+  // An operation gave up reaching the server: from now on (see Begin) the
+  // others fail at once, with `why` and since when.
+  vfs::Status Unreachable(const std::string& why) {
+    std::lock_guard lock(down_mu_);
+    if (!down_.load(std::memory_order_relaxed)) {
+      down_since_ = std::chrono::system_clock::now();
+      next_probe_ = std::chrono::steady_clock::now() + kProbeEvery;
+      down_.store(true, std::memory_order_relaxed);
+      if (auto log = spdlog::get("store")) {
+        log->error("PostgreSQL at {} unreachable: {}", shown_, why);
+      }
+    }
+    down_why_ = why;
+    return vfs::Fail(EIO, why + "; " + kWhileDown);
+  }
+
+  // While the server is unreachable: OK for the one operation due to try
+  // again, else the error it will get.
+  vfs::Status MayProbe() {
+    std::lock_guard lock(down_mu_);
+    const auto now = std::chrono::steady_clock::now();
+    if (now >= next_probe_) {
+      next_probe_ = now + kProbeEvery;
+      return {};
+    }
+    const std::time_t since = std::chrono::system_clock::to_time_t(down_since_);
+    std::tm tm{};
+    gmtime_r(&since, &tm);
+    char when[32];
+    std::strftime(when, sizeof when, "%Y-%m-%d %H:%M:%S UTC", &tm);
+    return vfs::Fail(EIO,
+                     down_why_ + "; no answer since " + when +
+                         ", so this operation did not wait: " + kWhileDown);
+  }
+
+  void Reachable() {
+    std::lock_guard lock(down_mu_);
+    if (!down_.exchange(false, std::memory_order_relaxed)) return;
+    if (auto log = spdlog::get("store")) {
+      log->info("PostgreSQL at {} answers again", shown_);
     }
   }
 
@@ -968,6 +1048,14 @@ class PostgresEngine final : public Engine {
   std::thread watcher_;
   std::atomic<bool> stop_watch_{false};
   int wake_fd_ = -1;
+
+  const std::chrono::milliseconds retry_for_ = RetryFromEnvironment();
+  // The server is unreachable (see Begin); down_mu_ guards the rest.
+  std::atomic<bool> down_{false};
+  std::mutex down_mu_;
+  std::chrono::system_clock::time_point down_since_;
+  std::chrono::steady_clock::time_point next_probe_;
+  std::string down_why_;
 };
 
 }  // namespace

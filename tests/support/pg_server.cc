@@ -143,6 +143,18 @@ vfs::Status PrivatePgServer::Restart(const std::string& mode) {
   return {};
 }
 
+vfs::Status PrivatePgServer::Down() {
+  auto r = RunServerScript({"down", dir_});
+  if (!r) return std::unexpected(r.error());
+  return {};
+}
+
+vfs::Status PrivatePgServer::Up() {
+  auto r = RunServerScript({"up", dir_});
+  if (!r) return std::unexpected(r.error());
+  return {};
+}
+
 void DropTestDatabase(const std::string& uri) {
   auto base = TestPostgresUri();
   std::string db = DatabaseOf(uri);

@@ -41,6 +41,10 @@ class PrivatePgServer {
   // `pg_ctl restart -m MODE`: "fast" (a clean shutdown) or "immediate"
   // (like a crash: no checkpoint, recovery from the WAL at start).
   vfs::Status Restart(const std::string& mode);
+  // Stops the server, keeping its data (`pg_ctl stop -m fast`), and starts
+  // it again.
+  vfs::Status Down();
+  vfs::Status Up();
 
  private:
   PrivatePgServer() = default;

@@ -254,6 +254,63 @@ TEST(PostgresEngineTest, AnUnreachableServerOrMissingStoreIsAClearError) {
   testing::DropTestDatabase(uri);
 }
 
+// A server that stays down: the first operation keeps trying for the retry
+// time (AGENTVFS_PG_RETRY_SECONDS, 1 s here), then the others fail at once
+// saying since when, until the server is back; then the store works again
+// without reopening it.
+TEST(PostgresEngineTest, AServerThatStaysDownFailsOperationsAtOnce) {
+  ASSERT_OK_AND_ASSIGN(auto server, testing::PrivatePgServer::Start());
+  ASSERT_OK_AND_ASSIGN(std::string uri, server->CreateDatabase("down"));
+  ASSERT_OK_AND_ASSIGN(auto admin_token, InitStore(uri, "admin"));
+  (void)admin_token;
+  ASSERT_EQ(setenv("AGENTVFS_PG_RETRY_SECONDS", "1", 1), 0);
+  auto opened = Engine::Open(uri, false);
+  unsetenv("AGENTVFS_PG_RETRY_SECONDS");
+  ASSERT_OK(opened);
+  Engine& engine = **opened;
+  auto read = [&] {
+    return engine.Read([](Txn&) -> vfs::Status { return {}; });
+  };
+  auto write = [&] {
+    return engine.Write(Durability::kFull, [](Txn& t) -> vfs::Status {
+      auto r = t.Query("SELECT 1", {});
+      if (!r) return std::unexpected(r.error());
+      return {};
+    });
+  };
+  ASSERT_OK(read());
+  ASSERT_OK(write());
+
+  ASSERT_OK(server->Down());
+  vfs::Status first = read();
+  ASSERT_FALSE(first.has_value());
+  EXPECT_EQ(first.error().code, EIO);
+  EXPECT_NE(first.error().message.find("until the server answers"),
+            std::string::npos)
+      << first.error().message;
+  // The next ones do not wait: they say since when the server has not
+  // answered (one of them may be the one that tries again, every 2 s).
+  int at_once = 0;
+  for (int i = 0; i < 4; ++i) {
+    for (vfs::Status s : {read(), write()}) {
+      ASSERT_FALSE(s.has_value());
+      EXPECT_EQ(s.error().code, EIO);
+      if (s.error().message.find("no answer since") != std::string::npos)
+        ++at_once;
+    }
+  }
+  EXPECT_GT(at_once, 0);
+
+  ASSERT_OK(server->Up());
+  vfs::Status again = read();
+  for (int i = 0; i < 200 && !again; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    again = read();
+  }
+  EXPECT_OK(again);
+  EXPECT_OK(write());
+}
+
 TEST(PostgresEngineTest, PasswordsNeverShow) {
   EXPECT_EQ(RedactPostgresUri("postgresql://bob:s3cret@db.example:5433/team"),
             "postgresql://bob@db.example:5433/team");
