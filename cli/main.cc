@@ -1,8 +1,12 @@
 // The `agentvfs` command line: parses arguments and hands each subcommand to
 // the library code that does the work.
+#include <spdlog/sinks/stdout_color_sinks.h>
+#include <spdlog/spdlog.h>
+
 #include <CLI/CLI.hpp>
 #include <cstdio>
 #include <iostream>
+#include <memory>
 
 #include "cli/admin_commands.h"
 #include "cli/exec_command.h"
@@ -16,6 +20,10 @@ int main(int argc, char** argv) {
       "agentvfs: one filesystem for LLM agents - /workspace from the sandbox, "
       "/memories and /skills from a shared store"};
   app.require_subcommand(1);
+  // Log lines go to standard error, never into a command's output (`run
+  // --json`, `cat`); spdlog's default logger writes to standard output.
+  spdlog::set_default_logger(std::make_shared<spdlog::logger>(
+      "", std::make_shared<spdlog::sinks::stderr_color_sink_mt>()));
   int exit_code = 0;
   agentvfs::cli::AddAdminCommands(app, &exit_code);
   agentvfs::cli::AddMountCommand(app, &exit_code);

@@ -13,6 +13,7 @@
 #include <ctime>
 #include <filesystem>
 #include <iostream>
+#include <regex>
 
 #include "backends/local_dir/local_dir.h"
 #include "backends/sandbox/sandbox.h"
@@ -80,9 +81,29 @@ vfs::Status Configure(const RunArgs& a, harness::ClientConfig& client,
           root["prices"][client.model]["output"].as<double>(0);
     }
     if (root["approvals"]) {
-      for (const auto& r : root["approvals"])
-        options.approvals.push_back(
-            {r["tool"].as<std::string>(""), r["pattern"].as<std::string>("")});
+      for (const auto& r : root["approvals"]) {
+        harness::ApprovalRule rule{r["tool"].as<std::string>(""),
+                                   r["pattern"].as<std::string>("")};
+        // A rule that can never match must not pass for a safeguard: a
+        // misspelt tool (Bash, text_editor) let every call through.
+        if (!rule.tool.empty() && rule.tool != "bash" &&
+            rule.tool != "str_replace_based_edit_tool" && rule.tool != "memory")
+          return vfs::Fail(EINVAL,
+                           path + ": approval rule for tool '" +
+                               ForTerminal(rule.tool) +
+                               "': no such tool; name bash, "
+                               "str_replace_based_edit_tool or memory, or "
+                               "leave `tool` out to match every tool");
+        try {
+          (void)std::regex(rule.pattern);
+        } catch (const std::regex_error& e) {
+          return vfs::Fail(EINVAL, path + ": approval rule pattern '" +
+                                       ForTerminal(rule.pattern) +
+                                       "' is not a valid regular expression (" +
+                                       e.what() + ")");
+        }
+        options.approvals.push_back(std::move(rule));
+      }
     }
   } catch (const std::exception& e) {
     return vfs::Fail(EINVAL, path + ": " + e.what() +
@@ -241,10 +262,11 @@ int Drive(const RunArgs& a, bool resume) {
     std::cout << "\n" << harness::TerminalText(out->final_text) << "\n";
   }
   const auto& s = agent.session();
-  std::cerr << "agentvfs " << cmd << ": " << out->state << " (" << out->reason
-            << "); " << s.steps << " steps, " << s.input_tokens << " in, "
-            << s.output_tokens << " out, " << Dollars(s.cost_micros)
-            << "; session " << s.id << "\n";
+  std::cerr << "agentvfs " << cmd << ": " << out->state << " ("
+            << harness::TerminalText(out->reason) << "); " << s.steps
+            << " steps, " << s.input_tokens << " in, " << s.output_tokens
+            << " out, " << Dollars(s.cost_micros) << "; session " << s.id
+            << "\n";
   if (out->state == "interrupted" && signals.signal() > 0)
     return 128 + signals.signal();
   return out->state == "done" ? 0 : (out->state == "budget" ? 3 : 1);

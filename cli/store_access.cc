@@ -12,6 +12,8 @@
 #include <iostream>
 #include <sstream>
 
+#include "harness/agent.h"
+
 namespace agentvfs::cli {
 
 void AddStoreFlags(CLI::App* cmd, StoreFlags* flags, bool with_token) {
@@ -175,7 +177,10 @@ vfs::Result<vfs::Path> ParseStorePath(const std::string& text) {
 }
 
 int Report(const std::string& cmd, const vfs::Error& error) {
-  std::cerr << "agentvfs " << cmd << ": " << error.message << "\n";
+  // Names in a message come from files and the store: an escape sequence
+  // in one (a skill's folder, a FIFO's name) must not reach the terminal.
+  std::cerr << "agentvfs " << cmd << ": "
+            << harness::TerminalText(error.message) << "\n";
   return error.code == EINVAL || error.code == ENOENT ? 2 : 1;
 }
 

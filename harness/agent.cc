@@ -65,6 +65,14 @@ std::string Printable(const std::string& s, bool keep_lines = false) {
   return out;
 }
 
+// A call id a person can type: 1 to 128 printable ASCII characters, no
+// space.
+bool Typeable(const std::string& id) {
+  return !id.empty() && id.size() <= 128 &&
+         std::all_of(id.begin(), id.end(),
+                     [](char c) { return c > 0x20 && c < 0x7f; });
+}
+
 // What a call does, in one line: the command, or the command and every
 // path it names (normalised, so that approval rules see what will be
 // touched: /workspace//a/../b is /workspace/b).
@@ -250,20 +258,31 @@ vfs::Result<Outcome> Agent::Stop(const std::string& state,
   return Outcome{state, reason, final_text};
 }
 
+// The longest call text approval rules are matched against (see Approve).
+constexpr size_t kMaxMatched = 4096;
+
 std::optional<ToolResult> Agent::Approve(const ContentBlock& call) {
   const std::string arg = Argument(call);
   for (const auto& rule : options_.approvals) {
     if (!rule.tool.empty() && rule.tool != call.name) continue;
     bool matches = rule.pattern.empty();
     if (!matches) {
-      try {
-        matches = std::regex_search(arg, std::regex(rule.pattern));
-      } catch (const std::regex_error&) {
-        matches = true;  // a broken rule asks rather than lets through
+      // std::regex recurses about once per character it matches: a pattern
+      // with `.*` over a 200,000-character command overflowed the stack,
+      // and every resume crashed again on the same call. A longer call
+      // than kMaxMatched asks, like a broken rule.
+      if (arg.size() > kMaxMatched) {
+        matches = true;
+      } else {
+        try {
+          matches = std::regex_search(arg, std::regex(rule.pattern));
+        } catch (const std::regex_error&) {
+          matches = true;  // a broken rule asks rather than lets through
+        }
       }
     }
     if (!matches) continue;
-    std::string summary = call.name + ": " + Printable(arg);
+    std::string summary = Printable(call.name) + ": " + Printable(arg);
     std::optional<bool> yes;
     if (options_.approve) yes = options_.approve(summary);
     if (!yes) yes = WaitForApproval(call.id, summary);
@@ -420,8 +439,8 @@ vfs::Result<Message> Agent::Answer(
       size_t lines = std::count(result.text.begin(), result.text.end(), '\n');
       char cost[32];
       std::snprintf(cost, sizeof(cost), "$%.4f", session_.cost_micros / 1e6);
-      Progress("[" + std::to_string(session_.steps) + "] " + b.name + ": " +
-               Printable(Short(Argument(b))) + " -> " +
+      Progress("[" + std::to_string(session_.steps) + "] " + Printable(b.name) +
+               ": " + Printable(Short(Argument(b))) + " -> " +
                (result.is_error ? "error: " : "") +
                Printable(Short(LastLine(result.text), 50)) + " (" +
                std::to_string(lines + 1) + " lines) | " +
@@ -489,14 +508,16 @@ vfs::Result<Outcome> Agent::Loop(std::vector<Message> messages) {
     }
     // Every call of a turn needs an id of its own: answers are matched to
     // calls by id, also when a session is resumed. Some servers send none,
-    // or the same one twice.
+    // or the same one twice. A person types an id to approve a call, so one
+    // that is not short printable ASCII without spaces (control characters
+    // would also reach the terminal) is replaced too.
     {
       std::set<std::string> seen;
       int n = 0;
       for (auto& b : r->message.content) {
         if (b.kind != ContentBlock::Kind::kToolUse) continue;
         ++n;
-        if (b.id.empty() || !seen.insert(b.id).second) {
+        if (!Typeable(b.id) || !seen.insert(b.id).second) {
           b.id = "agentvfs_" + std::to_string(session_.steps + 1) + "_" +
                  std::to_string(n);
           seen.insert(b.id);

@@ -148,9 +148,53 @@ bool RetryableNetwork(int code) {
          code == EHOSTUNREACH || code == EIO;
 }
 
+// JSON nested deeper than this in a model's reply is refused: copying or
+// printing a value recurses once per level, so a reply (or a tool call's
+// arguments, which the model writes) nested 100,000 deep crashed the
+// harness. Real replies nest a few levels; tool inputs a few more.
+constexpr int kMaxJsonDepth = 128;
+
+struct TooDeep {};
+
+// json::parse(text) that gives up (TooDeep) past kMaxJsonDepth; a text that
+// is not JSON is discarded as with allow_exceptions = false.
+json ParseReply(const std::string& text) {
+  return json::parse(
+      text,
+      [](int depth, json::parse_event_t event, json&) {
+        if (depth >= kMaxJsonDepth &&
+            (event == json::parse_event_t::object_start ||
+             event == json::parse_event_t::array_start))
+          throw TooDeep{};
+        return true;
+      },
+      false);
+}
+
+// A token count of a reply's `usage`: 0 when absent or null; an error for
+// anything but a whole number from 0 to 10^12 (a negative count would let a
+// server, or a proxy, walk a run past its token and cost budgets).
+vfs::Result<int64_t> TokenCount(const json& usage, const char* key) {
+  auto it = usage.find(key);
+  if (it == usage.end() || it->is_null()) return int64_t{0};
+  constexpr uint64_t kMax = 1'000'000'000'000;
+  if (it->is_number_unsigned() && it->get<uint64_t>() <= kMax)
+    return static_cast<int64_t>(it->get<uint64_t>());
+  if (it->is_number_integer() && it->get<int64_t>() == 0) return int64_t{0};
+  return Fail(EPROTO, std::string("the reply's usage.") + key + " is " +
+                          it->dump().substr(0, 40) +
+                          ", not a count of tokens (a whole number from 0 to "
+                          "10^12)");
+}
+
 // The API's own error message in a response body, when there is one.
 std::string ApiMessage(const std::string& body) {
-  auto j = json::parse(body, nullptr, false);
+  json j;
+  try {
+    j = ParseReply(body);
+  } catch (const TooDeep&) {
+    return body.substr(0, 300);
+  }
   if (j.is_object()) {
     auto e = j.find("error");
     if (e != j.end()) {
@@ -307,7 +351,7 @@ class AnthropicClient final : public ModelClient {
     // A field of an unexpected type (a server that is not quite the API)
     // is a protocol error, not a crash.
     try {
-      json j = json::parse(r->body, nullptr, false);
+      json j = ParseReply(r->body);
       if (!j.is_object() || !j.contains("content") || !j["content"].is_array())
         return Fail(EPROTO,
                     "the Messages API answered something else than a "
@@ -330,15 +374,24 @@ class AnthropicClient final : public ModelClient {
       out.model = j.value("model", config_.model);
       if (auto u = j.find("usage"); u != j.end() && u->is_object()) {
         for (const char* k : {"input_tokens", "cache_creation_input_tokens",
-                              "cache_read_input_tokens"})
-          if (u->contains(k) && (*u)[k].is_number_integer())
-            out.usage.input_tokens += (*u)[k].get<int64_t>();
-        out.usage.output_tokens = u->value("output_tokens", int64_t{0});
+                              "cache_read_input_tokens"}) {
+          auto n = TokenCount(*u, k);
+          if (!n) return std::unexpected(n.error());
+          out.usage.input_tokens += *n;
+        }
+        auto n = TokenCount(*u, "output_tokens");
+        if (!n) return std::unexpected(n.error());
+        out.usage.output_tokens = *n;
       }
     } catch (const json::exception& e) {
       return Fail(EPROTO, std::string("the Messages API answered a message "
                                       "of an unexpected shape: ") +
                               e.what());
+    } catch (const TooDeep&) {
+      return Fail(EPROTO,
+                  "the Messages API answered a message nested more "
+                  "than " +
+                      std::to_string(kMaxJsonDepth) + " levels deep");
     }
     return out;
   }
@@ -368,7 +421,7 @@ class OpenAiClient final : public ModelClient {
         "OPENAI_API_KEY", &out.attempts, request.deadline, config_.api_key);
     if (!r) return std::unexpected(r.error());
     try {
-      json j = json::parse(r->body, nullptr, false);
+      json j = ParseReply(r->body);
       if (!j.is_object() || !j.contains("choices") ||
           !j["choices"].is_array() || j["choices"].empty() ||
           !j["choices"][0].is_object())
@@ -387,7 +440,7 @@ class OpenAiClient final : public ModelClient {
         for (const auto& call : msg["tool_calls"]) {
           const json fn = call.value("function", json::object());
           std::string args = fn.value("arguments", std::string("{}"));
-          json input = json::parse(args, nullptr, false);
+          json input = ParseReply(args);
           // Arguments that are not JSON reach the tool as a string, which it
           // refuses with a message the model can act on.
           if (input.is_discarded()) input = args;
@@ -403,14 +456,23 @@ class OpenAiClient final : public ModelClient {
                                                : finish;
       out.model = j.value("model", config_.model);
       if (auto u = j.find("usage"); u != j.end() && u->is_object()) {
-        out.usage.input_tokens = u->value("prompt_tokens", int64_t{0});
-        out.usage.output_tokens = u->value("completion_tokens", int64_t{0});
+        auto in = TokenCount(*u, "prompt_tokens");
+        if (!in) return std::unexpected(in.error());
+        auto out_tokens = TokenCount(*u, "completion_tokens");
+        if (!out_tokens) return std::unexpected(out_tokens.error());
+        out.usage.input_tokens = *in;
+        out.usage.output_tokens = *out_tokens;
       }
     } catch (const json::exception& e) {
       return Fail(EPROTO,
                   std::string("the Chat Completions API answered a completion "
                               "of an unexpected shape: ") +
                       e.what());
+    } catch (const TooDeep&) {
+      return Fail(EPROTO,
+                  "the Chat Completions API answered a completion (or "
+                  "tool arguments) nested more than " +
+                      std::to_string(kMaxJsonDepth) + " levels deep");
     }
     return out;
   }

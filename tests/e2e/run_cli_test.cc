@@ -269,6 +269,63 @@ TEST_F(RunCliTest, TheModelAndKeyMayComeFromTheConfigFile) {
   EXPECT_THAT(r.output, HasSubstr("$0.0045"));
 }
 
+// An approval rule that could never match (a misspelt tool, a pattern that
+// is no regular expression) is refused before anything runs, rather than
+// letting every call through.
+TEST_F(RunCliTest, AnApprovalRuleThatCannotMatchIsRefused) {
+  for (const char* rules :
+       {"approvals: [{tool: Bash, pattern: \"rm -rf\"}]\n",
+        "approvals: [{tool: bash, pattern: \"rm -rf (\"}]\n"}) {
+    FakeApi api{Bash("t1", "rm -rf /workspace/keep"), Final("Done.")};
+    std::ofstream(conf_->Sub("config.yaml")) << rules;
+    auto r = RunCommand(
+        {AGENTVFS_BINARY, "run", "--workspace", ws_->path(), "--store",
+         store_->db(), "--token-file", store_->TokenFile("dev"), "Go."},
+        CommandOptions{
+            .env = {{"ANTHROPIC_API_KEY", "k"},
+                    {"ANTHROPIC_BASE_URL", api.Url()},
+                    {"AGENTVFS_CONFIG", conf_->Sub("config.yaml")}}});
+    EXPECT_EQ(r.exit_status, 2) << r.output;
+    EXPECT_THAT(r.output, HasSubstr("approval rule")) << rules;
+    EXPECT_TRUE(api.Requests().empty());
+  }
+}
+
+// `run --json` writes events, one JSON object per line, and nothing else
+// to standard output: log lines (here the sweep of a killed run's sandbox)
+// go to standard error.
+TEST_F(RunCliTest, RunJsonWritesOnlyJsonToStandardOutput) {
+  FakeApi killed{Bash("t1", "echo started > /workspace/started; sleep 30")};
+  pid_t child = StartRun(killed, "Start.");
+  ASSERT_GE(child, 0);
+  for (int i = 0; i < 500 && !testing::ReadFile(ws_->Sub("started")); ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  ASSERT_TRUE(testing::ReadFile(ws_->Sub("started")).has_value());
+  ASSERT_EQ(kill(child, SIGKILL), 0);
+  int status;
+  waitpid(child, &status, 0);
+
+  FakeApi api{Bash("t1", "echo hi"), Final("Done.")};
+  std::string out_path = conf_->Sub("stdout");
+  auto r = RunCommand({"sh", "-c",
+                       std::string("\"$0\" run --json --workspace \"$1\" "
+                                   "--store \"$2\" --token-file \"$3\" Go. "
+                                   "> \"$4\""),
+                       AGENTVFS_BINARY, ws_->path(), store_->db(),
+                       store_->TokenFile("dev"), out_path},
+                      CommandOptions{.env = {{"ANTHROPIC_API_KEY", "k"},
+                                             {"ANTHROPIC_BASE_URL", api.Url()},
+                                             {"AGENTVFS_CONFIG",
+                                              conf_->Sub("no-config.yaml")}}});
+  ASSERT_EQ(r.exit_status, 0) << r.output;
+  EXPECT_THAT(r.output, HasSubstr("stale sandbox session"));
+  std::ifstream in(out_path);
+  int lines = 0;
+  for (std::string line; std::getline(in, line); ++lines)
+    EXPECT_FALSE(json::parse(line, nullptr, false).is_discarded()) << line;
+  EXPECT_GT(lines, 2);
+}
+
 // Ctrl-C (SIGINT) during a call: the command is killed, the session is
 // recorded as interrupted (not left "running"), the view and the sandbox
 // are gone, `run` exits 130, and a resume finishes without running the

@@ -539,6 +539,57 @@ TEST_F(AgentTest, AnApprovalShowsControlCharactersEscaped) {
     EXPECT_EQ(l.find_first_of("\r\x1b"), std::string::npos) << l;
 }
 
+// std::regex recursed once per character: a rule with `.*` against a
+// 200,000-character command crashed the harness, and every resume again.
+// A call too long to match asks instead.
+TEST_F(AgentTest, ACallTooLongToMatchAgainstTheRulesAsks) {
+  const std::string long_command = "echo curl " + std::string(200'000, 'a');
+  FakeApi api{ToolUse("t1", "bash", {{"command", long_command}}),
+              ToolUse("t2", "bash", {{"command", "echo short"}}), Final("ok")};
+  auto client = Client(api);
+  AgentOptions options;
+  options.approvals = {{"bash", "curl .*\\| *sh"}};
+  std::vector<std::string> asked;
+  options.approve = [&](const std::string& summary) {
+    asked.push_back(summary.substr(0, 20));
+    return false;
+  };
+  auto out = MakeAgent(*client, options).Start("Go.");
+  ASSERT_TRUE(out.has_value()) << out.error().message;
+  EXPECT_EQ(out->state, "done");
+  ASSERT_EQ(asked.size(), 1u);  // the short one matched no rule
+  EXPECT_EQ(asked[0], "bash: echo curl aaaa");
+}
+
+// A tool's name and a call's id come from the model's server too: neither
+// reaches the terminal raw, and an id a person could not type (to approve
+// the call) is replaced.
+TEST_F(AgentTest, ToolNamesAndCallIdsReachTheTerminalEscaped) {
+  FakeApi api{
+      ToolUse("id1\x1b[31mRED\rX", "bash\x1b]0;TITLE\a", {{"command", "true"}}),
+      ToolUse("id2\x1b[2K", "bash", {{"command", "rm -rf /workspace/x"}}),
+      Final("ok")};
+  auto client = Client(api);
+  AgentOptions options;
+  options.approvals = {{"bash", "rm -rf"}};
+  options.approval_timeout_s = 0.2;
+  auto out = MakeAgent(*client, options).Start("Go.");
+  ASSERT_TRUE(out.has_value()) << out.error().message;
+  EXPECT_EQ(out->state, "done");
+  ASSERT_FALSE(lines_.empty());
+  bool waited = false;
+  for (const auto& l : lines_) {
+    EXPECT_EQ(l.find_first_of("\r\x1b\a"), std::string::npos) << l;
+    if (l.find("waiting for approval") != std::string::npos) {
+      waited = true;
+      EXPECT_THAT(
+          l, HasSubstr("agentvfs approve " + session_.id + " agentvfs_2_1"));
+    }
+  }
+  EXPECT_TRUE(waited);
+  EXPECT_THAT(lines_[0], HasSubstr("bash\\x1b]0;TITLE\\x07: true"));
+}
+
 // Call ids come from the model's server; an answer given to an earlier
 // call with the same id does not approve a later one.
 TEST_F(AgentTest, AnAnswerToAnEarlierCallWithTheSameIdApprovesNothingElse) {

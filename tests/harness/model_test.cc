@@ -171,6 +171,81 @@ TEST(ModelClientTest, OpenAiSpeaksChatCompletionsWithToolCalls) {
   EXPECT_TRUE(r->message.content[1].input.is_string());
 }
 
+// What a server (or the model, which writes a call's arguments) sends is
+// checked before it is used: JSON nested 100,000 deep crashed the harness
+// (copying it recursed once per level), and negative or absurd token
+// counts walked a run past its budgets.
+TEST(ModelClientTest, ARepliesNestedTooDeepOrWithNoTokenCountsAreRefused) {
+  const std::string deep =
+      std::string(100'000, '[') + std::string(100'000, ']');
+  const std::string anthropic_deep =
+      R"({"type":"message","role":"assistant","model":"m","stop_reason":"tool_use",)"
+      R"("content":[{"type":"tool_use","id":"t1","name":"bash","input":{"x":)" +
+      deep + R"(}}],"usage":{"input_tokens":1,"output_tokens":1}})";
+  const std::string openai_deep =
+      R"({"model":"m","choices":[{"index":0,"finish_reason":"tool_calls",)"
+      R"("message":{"role":"assistant","content":null,"tool_calls":[{"id":"c1",)"
+      R"("type":"function","function":{"name":"bash","arguments":)" +
+      json(R"({"x":)" + deep + "}").dump() + R"(}}]}}]})";
+  auto message = [](json usage) {
+    return json{{"type", "message"},
+                {"role", "assistant"},
+                {"model", "m"},
+                {"content", {{{"type", "text"}, {"text", "hi"}}}},
+                {"stop_reason", "end_turn"},
+                {"usage", usage}};
+  };
+  auto completion = [](json usage) {
+    return json{{"model", "m"},
+                {"choices",
+                 {{{"index", 0},
+                   {"finish_reason", "stop"},
+                   {"message", {{"role", "assistant"}, {"content", "hi"}}}}}},
+                {"usage", usage}};
+  };
+  struct Case {
+    std::string provider;
+    json body;
+    std::string says;
+  };
+  std::vector<Case> cases = {
+      {"anthropic", anthropic_deep, "levels deep"},
+      {"openai", openai_deep, "levels deep"},
+      {"anthropic", message({{"input_tokens", -5000000}, {"output_tokens", 1}}),
+       "usage.input_tokens is -5000000"},
+      {"anthropic", message({{"input_tokens", 1}, {"output_tokens", 1e30}}),
+       "usage.output_tokens"},
+      {"anthropic",
+       message({{"input_tokens", 1},
+                {"cache_read_input_tokens", int64_t{9223372036854775807}},
+                {"output_tokens", 1}}),
+       "usage.cache_read_input_tokens"},
+      {"openai", completion({{"prompt_tokens", 1}, {"completion_tokens", -1}}),
+       "usage.completion_tokens is -1"},
+      {"openai", completion({{"prompt_tokens", "12"}}), "usage.prompt_tokens"},
+  };
+  for (const auto& c : cases) {
+    FakeApi api{{{"status", 200}, {"body", c.body}}};
+    auto client = harness::MakeModelClient(
+        Config(c.provider, api.Url(c.provider == "openai" ? "/v1/" : "")));
+    ASSERT_TRUE(client.has_value());
+    auto r = (*client)->Complete(Conversation());
+    ASSERT_FALSE(r.has_value()) << c.says;
+    EXPECT_EQ(r.error().code, EPROTO);
+    EXPECT_THAT(r.error().message, HasSubstr(c.says));
+  }
+  // Counts that are whole and in range pass, null as none.
+  FakeApi api{{{"status", 200},
+               {"body", message({{"input_tokens", 7},
+                                 {"cache_read_input_tokens", nullptr},
+                                 {"output_tokens", 0}})}}};
+  auto client = harness::MakeModelClient(Config("anthropic", api.Url()));
+  auto r = (*client)->Complete(Conversation());
+  ASSERT_TRUE(r.has_value()) << r.error().message;
+  EXPECT_EQ(r->usage.input_tokens, 7);
+  EXPECT_EQ(r->usage.output_tokens, 0);
+}
+
 TEST(ModelClientTest, RateLimitsAndOverloadsAreRetriedHonouringRetryAfter) {
   json overloaded = {
       {"type", "error"},
