@@ -73,15 +73,18 @@ std::shared_ptr<spdlog::logger> Log() {
 // Files of /etc the sandbox sees (read-only, when the host has them):
 // what dynamic linking, locales, time zones, terminals and the usual
 // interpreters need, and nothing with secrets (no shadow, no ssl/private,
-// no ssh keys, no agentvfs configuration).
+// no ssh keys, no agentvfs configuration). Not the places where machines
+// keep credentials for every user either: /etc/environment (proxies with
+// passwords, cloud keys), /etc/gitconfig (an http.extraheader with a
+// token), /etc/profile.d (exported tokens).
 const char* const kEtcAllowlist[] = {
-    "alternatives", "bash.bashrc",     "debian_version", "environment",
-    "inputrc",      "ld.so.cache",     "ld.so.conf",     "ld.so.conf.d",
-    "locale.alias", "localtime",       "mime.types",     "nsswitch.conf",
-    "os-release",   "profile",         "profile.d",      "protocols",
-    "python3",      "python3.11",      "services",       "shells",
-    "ssl/certs",    "ssl/openssl.cnf", "terminfo",       "timezone",
-    "magic",        "magic.mime",      "perl",           "gitconfig",
+    "alternatives", "bash.bashrc", "debian_version", "inputrc",
+    "ld.so.cache",  "ld.so.conf",  "ld.so.conf.d",   "locale.alias",
+    "localtime",    "mime.types",  "nsswitch.conf",  "os-release",
+    "profile",      "protocols",   "python3",        "python3.11",
+    "services",     "shells",      "ssl/certs",      "ssl/openssl.cnf",
+    "terminfo",     "timezone",    "magic",          "magic.mime",
+    "perl",
 };
 
 // Allowlisted /etc directories bound from the host rather than copied.
@@ -127,10 +130,24 @@ void WriteNumber(int fd, long value) {
   (void)ignored;
 }
 
+// Removes a session directory. Its owner stamp goes last, and only when
+// nothing else is left: a removal cut short (a mount that could not be
+// detached) leaves a stale session that the next sweep tries again.
 void RemoveTree(const std::string& path) {
   int fd = open(path.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
   if (fd < 0) return;
-  vfs::RemoveTreeAt(fd);
+  vfs::RemoveTreeAt(fd, "owner");
+  if (rmdir(path.c_str()) == 0 || errno != ENOTEMPTY) return;
+  bool only_owner = true;
+  if (DIR* d = opendir(path.c_str())) {
+    while (dirent* e = readdir(d)) {
+      std::string n = e->d_name;
+      if (n != "." && n != ".." && n != "owner") only_owner = false;
+    }
+    closedir(d);
+  }
+  if (!only_owner) return;
+  unlink((path + "/owner").c_str());
   rmdir(path.c_str());
 }
 

@@ -112,6 +112,9 @@ const Attempt kAttempts[] = {
     {"ReadShadow",
      "cat /etc/shadow > /dev/null 2>&1 || cat /etc/gshadow > /dev/null 2>&1 || "
      "exit 1"},
+    {"ReadMachineWideCredentials",
+     "test -e /etc/environment || test -e /etc/gitconfig || "
+     "test -e /etc/profile.d || exit 1"},
     {"SeeHostProcesses",
      "test -e /proc/{HOSTPID} || kill -0 {HOSTPID} 2>/dev/null || "
      "test $(ls /proc | grep -c '^[0-9]*$') -gt 10 || "
