@@ -38,6 +38,9 @@ struct ExecArgs {
   std::vector<std::string> command;
 };
 
+// The most of stdout and of stderr `exec` keeps in memory each.
+constexpr uint64_t kMaxCap = uint64_t{1} << 30;
+
 vfs::Result<sandbox::Limits> LimitsFrom(const ExecArgs& a, bool interactive) {
   sandbox::Limits l;
   if (interactive) l.timeout_s = 0;  // a person's shell has no wall clock
@@ -61,6 +64,16 @@ vfs::Result<sandbox::Limits> LimitsFrom(const ExecArgs& a, bool interactive) {
     if (!v) return std::unexpected(v.error());
     *field = *v;
   }
+  // 0 is a limit here, not "none": a --memory or --output-cap of 0 let a
+  // command take all the memory (the output is kept in this process's, so
+  // `yes` grew it by 400 MB a second).
+  if (!a.memory.empty() && l.memory == 0)
+    return vfs::Fail(EINVAL, "--memory must be more than 0 (default 4G)");
+  if (!a.output_cap.empty() && (l.output_cap == 0 || l.output_cap > kMaxCap))
+    return vfs::Fail(EINVAL,
+                     "--output-cap must be from 1 byte to 1G (the output is "
+                     "kept in memory until the command ends); write larger "
+                     "output to a file in /workspace");
   return l;
 }
 
@@ -91,7 +104,8 @@ int RunInSandbox(const ExecArgs& a, bool interactive) {
     if (!isatty(0))
       return Report(cmd_name,
                     vfs::Error{EINVAL,
-                               "agentvfs shell needs a terminal; use "
+                               "needs a terminal (standard input is not "
+                               "one); use "
                                "`agentvfs exec -- CMD` from scripts"});
     if (const char* term = std::getenv("TERM")) command.env["TERM"] = term;
   }
@@ -168,9 +182,22 @@ int RunInSandbox(const ExecArgs& a, bool interactive) {
   signals.SetTarget(nullptr);
   (*sb)->Close();
   if (!result) return Report(cmd_name, result.error());
+  bool cut = false;
   if (!interactive) {
     std::cout << result->out.text << std::flush;
     std::cerr << result->err.text << std::flush;
+    // The cut is marked in the output itself, which a redirect into a file
+    // hides: say so where a person looks, and fail a command that
+    // otherwise succeeded (its output is not what it wrote).
+    for (auto [name, o] : {std::pair{"stdout", &result->out},
+                           std::pair{"stderr", &result->err}}) {
+      if (o->cut == 0) continue;
+      cut = true;
+      std::cerr << "agentvfs " << cmd_name << ": " << o->cut << " bytes of "
+                << name << " were cut out (--output-cap " << limits->output_cap
+                << " bytes each); write large output to a file in "
+                   "/workspace\n";
+    }
   }
   if (signals.signal() != 0) {
     std::cerr << "agentvfs " << cmd_name << ": interrupted; the sandbox was "
@@ -186,7 +213,7 @@ int RunInSandbox(const ExecArgs& a, bool interactive) {
               << result->Describe() << "\n";
     return 128 + result->signal;
   }
-  return result->exit_code;
+  return result->exit_code == 0 && cut ? 1 : result->exit_code;
 }
 
 void AddCommonFlags(CLI::App* cmd, ExecArgs* args) {
@@ -214,7 +241,7 @@ void AddCommonFlags(CLI::App* cmd, ExecArgs* args) {
                   "memory cgroup is available; default 4G)");
   cmd->add_option("--processes", args->processes,
                   "Processes in the sandbox (default 512)")
-      ->check(CLI::Range(0l, 1000000l));
+      ->check(CLI::Range(1l, 1000000l));
   cmd->add_option("--file-size", args->file_size,
                   "Largest file a process may write, e.g. 1G (default 8G)");
 }
@@ -229,8 +256,9 @@ void AddExecCommands(CLI::App& app, int* exit_code) {
       "that sees /workspace, /memories and /skills");
   AddCommonFlags(exec, exec_args.get());
   exec->add_option("--output-cap", exec_args->output_cap,
-                   "Bytes of stdout and of stderr kept each (default 16M; the "
-                   "middle is cut, with a note)");
+                   "Bytes of stdout and of stderr kept each, up to 1G "
+                   "(default 16M; the middle is cut, with a note, and a "
+                   "command that exited 0 then exits 1)");
   exec->add_flag("--stdin", exec_args->pass_stdin,
                  "Feed this command's standard input (up to 64 MiB, read "
                  "before the command starts) to the command (default: "

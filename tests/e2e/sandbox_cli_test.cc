@@ -90,6 +90,20 @@ TEST_F(SandboxCliTest, ExecPassesOutputAndExitCodeAndLeavesNothing) {
   EXPECT_EQ(SessionDirs(), before);
 }
 
+// Output past --output-cap is cut in the middle, with a note in the
+// output; a redirect into a file hides that, so the cut is also said on
+// stderr and a command that exited 0 exits 1.
+TEST_F(SandboxCliTest, OutputCutByTheCapIsSaidAndFails) {
+  auto r = Exec({"sh", "-c", "head -c 100000 /dev/zero | tr '\\0' a"},
+                {"--output-cap", "4K"});
+  EXPECT_EQ(r.exit_status, 1);
+  EXPECT_THAT(r.output, HasSubstr("bytes of stdout were cut out (--output-cap "
+                                  "4096 bytes each)"));
+  auto fits = Exec({"sh", "-c", "echo small"}, {"--output-cap", "4K"});
+  EXPECT_EQ(fits.exit_status, 0) << fits.output;
+  EXPECT_EQ(fits.output, "small\n");
+}
+
 TEST_F(SandboxCliTest, ExecReportsTimeoutsSignalsAndBadInput) {
   auto t = Exec({"sleep", "30"}, {"--timeout", "0.5"});
   EXPECT_EQ(t.exit_status, 124);
@@ -103,6 +117,16 @@ TEST_F(SandboxCliTest, ExecReportsTimeoutsSignalsAndBadInput) {
   auto bad = Exec({"true"}, {"--memory", "lots"});
   EXPECT_EQ(bad.exit_status, 2);
   EXPECT_THAT(bad.output, HasSubstr("not a size"));
+  // 0 is no limit a person means: it let a command take all the memory.
+  for (std::vector<std::string> zero :
+       {std::vector<std::string>{"--memory", "0"},
+        {"--output-cap", "0"},
+        {"--output-cap", "2G"},
+        {"--processes", "0"}}) {
+    auto z = Exec({"true"}, zero);
+    EXPECT_EQ(z.exit_status, 2) << zero[0] << " " << zero[1];
+    EXPECT_THAT(z.output, HasSubstr(zero[0])) << z.output;
+  }
   auto outside = Exec({"true"}, {"--cwd", "/etc"});
   EXPECT_EQ(outside.exit_status, 2);
   EXPECT_THAT(outside.output, HasSubstr("outside the view"));
