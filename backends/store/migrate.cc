@@ -220,11 +220,17 @@ vfs::Result<std::vector<TableCopy>> VerifyCopy(Engine& from, Engine& to) {
     const auto& x = (*a)[i];
     const auto& y = (*b)[i];
     if (x.rows != y.rows || x.digest != y.digest) {
-      return vfs::Fail(EIO, "the copy differs from the source in table " +
-                                x.table + " (" + std::to_string(x.rows) +
-                                " rows in " + from.Describe() + ", " +
-                                std::to_string(y.rows) + " in " +
-                                to.Describe() + ")");
+      // The copy is committed, from one snapshot of the source; the check
+      // reads the source as it is now.
+      return vfs::Fail(
+          EIO, "the copy in " + to.Describe() + " (committed) differs from " +
+                   from.Describe() + " in table " + x.table + " (" +
+                   std::to_string(x.rows) + " rows in the source, " +
+                   std::to_string(y.rows) +
+                   " in the copy): most likely the source was written while "
+                   "it was copied. Stop every mount and command using it, "
+                   "delete the copy (its file, or drop its database) and run "
+                   "migrate again");
     }
   }
   return a;

@@ -17,6 +17,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstdio>
+#include <cstring>
 #include <fstream>
 #include <memory>
 #include <random>
@@ -764,6 +765,42 @@ class Importer {
     return MakeWritable(dest, attr->st_mode);
   }
 
+  // Adds a problem for every entry of the host directory open at `dirfd`
+  // whose counterpart under `dest` exists with another type.
+  Status CheckTypes(int dirfd, const std::string& shown, const Path& dest,
+                    Problems& problems) {
+    auto attr = backend_.Stat(caller_, dest);
+    if (!attr) {
+      if (attr.error().code == ENOENT) return {};
+      return WithContext(attr.error(), "stat " + dest.str());
+    }
+    if (!S_ISDIR(attr->st_mode)) return {};  // PrepareTop says so
+    auto entries = ListHostDir(dirfd, shown);
+    if (!entries) return Unexpected(entries.error());
+    for (const HostEntry& e : *entries) {
+      std::string child_shown = JoinHost(shown, e.name);
+      auto child = dest.Child(e.name);
+      if (!child) return WithContext(child.error(), child_shown);
+      auto there = backend_.Stat(caller_, *child);
+      if (!there) {
+        if (there.error().code == ENOENT) continue;
+        return WithContext(there.error(), "stat " + child->str());
+      }
+      if ((there->st_mode & S_IFMT) != (e.st.st_mode & S_IFMT)) {
+        problems.Add(child_shown + " is a " + TypeName(e.st.st_mode) + " but " +
+                     child->str() + " is a " + TypeName(there->st_mode) +
+                     "; `import --delete` replaces it (what it holds stays "
+                     "in its history), or move one of them");
+      } else if (S_ISDIR(e.st.st_mode)) {
+        auto sub = OpenHostSubdir(dirfd, e.name, child_shown);
+        if (!sub) return Unexpected(sub.error());
+        if (auto s = CheckTypes(sub->get(), child_shown, *child, problems); !s)
+          return s;
+      }
+    }
+    return {};
+  }
+
   // Copies the entries of the host directory open at `dirfd` into the
   // existing directory `dest`, then gives `dest` the mode and mtime `st`.
   Status CopyDir(int dirfd, const std::string& shown, const Path& dest,
@@ -848,6 +885,13 @@ class Importer {
       return Fail(EINVAL, shown + ": changed while being copied (now a " +
                               TypeName(st.st_mode) + ")");
     }
+    // The same bytes already there: nothing to commit (a re-import of an
+    // unchanged tree adds no versions); mode and mtime still follow.
+    if (old && old->st_size == st.st_size) {
+      auto same = SameBytes(in.get(), shown, dest);
+      if (!same) return Unexpected(same.error());
+      if (*same) return SetModeAndTime(dest, st);
+    }
     if (old && (old->st_mode & S_IWUSR) == 0) {
       if (auto s =
               backend_.Chmod(caller_, dest, (old->st_mode & 07777) | S_IWUSR);
@@ -898,6 +942,35 @@ class Importer {
     }
     handle->reset();
     return SetModeAndTime(dest, st);
+  }
+
+  // Whether the store file `dest` holds exactly the bytes of the host file
+  // open as `fd` (of the same size), compared a piece at a time.
+  Result<bool> SameBytes(int fd, const std::string& shown, const Path& dest) {
+    auto handle = backend_.Open(caller_, dest, O_RDONLY | O_NOFOLLOW);
+    if (!handle) return WithContext(handle.error(), "open " + dest.str());
+    std::vector<char> theirs(buf_.size());
+    for (off_t offset = 0;;) {
+      ssize_t n = pread(fd, buf_.data(), buf_.size(), offset);
+      if (n < 0 && errno == EINTR) continue;
+      if (n < 0) return HostErrno("read", shown);
+      size_t got = 0;
+      while (got < static_cast<size_t>(n)) {
+        auto r = (*handle)->Read(theirs.data() + got,
+                                 static_cast<size_t>(n) - got, offset + got);
+        if (!r) return WithContext(r.error(), "read " + dest.str());
+        if (*r == 0) return false;  // shorter than the host file
+        got += *r;
+      }
+      if (std::memcmp(buf_.data(), theirs.data(), got) != 0) return false;
+      if (n == 0) {
+        char extra;
+        auto r = (*handle)->Read(&extra, 1, offset);
+        if (!r) return WithContext(r.error(), "read " + dest.str());
+        return *r == 0;
+      }
+      offset += n;
+    }
   }
 
   Status CopySymlink(int dirfd, const HostEntry& e, const std::string& shown,
@@ -1257,6 +1330,15 @@ vfs::Status ImportOpenTree(vfs::Backend& backend, const vfs::Caller& caller,
   if (fstat(root, &st) != 0) return HostErrno("stat", host_dir);
 
   Importer importer(backend, caller, options);
+  // Without remove_extra nothing of the store is removed: an entry whose
+  // type differs from the source's (a directory where the source has a
+  // file would go with everything under it) is refused before anything
+  // is written.
+  if (!options.remove_extra) {
+    if (auto s = importer.CheckTypes(root, host_dir, dest, problems); !s)
+      return s;
+    if (!problems.empty()) return Unexpected(problems.ToError());
+  }
   if (auto s = importer.PrepareTop(dest); !s) return s;
   return importer.CopyDir(root, host_dir, dest, st);
 }
@@ -1393,11 +1475,17 @@ vfs::Result<std::vector<SkillInfo>> ImportHostSkills(
       std::string before;
       for (const auto& done : imported)
         before += (before.empty() ? "" : ", ") + done.name;
-      return WithContext(
-          s.error(),
+      // Files are committed one at a time: the skill may now mix new files
+      // with old ones. Say so, and how to finish.
+      Error e = s.error();
+      e.message =
           "importing skill " + skill.info.name + " from " + skill.host_dir +
-              (before.empty() ? " (no skill was imported)"
-                              : " (imported before it: " + before + ")"));
+          ": " + e.message + "; " + dest->str() +
+          " may now hold part of the new files (earlier versions are "
+          "in their history): run the import again once this is "
+          "fixed" +
+          (before.empty() ? "" : " (imported before it: " + before + ")");
+      return std::unexpected(e);
     }
     imported.push_back(std::move(*again));
   }

@@ -120,9 +120,10 @@ vfs::Result<std::vector<HostSkill>> FindSkills(const std::string& host_dir);
 struct ImportOptions {
   // Remove what `dest` holds but the source does not, so that `dest` ends up
   // an exact copy (the default: re-importing a skill drops deleted files).
-  // With false, entries absent from the source are left alone. Either way an
-  // entry of the wrong type (a file where the source has a directory) is
-  // replaced.
+  // With false, nothing of `dest` is removed: entries absent from the
+  // source are left alone, and an entry of another type than the source's
+  // (a directory where the source has a file) is refused (EINVAL, naming
+  // each) before anything is written; with true it is replaced.
   bool remove_extra = true;
 };
 
@@ -130,7 +131,8 @@ struct ImportOptions {
 // created (its parent must exist) or, when it is an existing directory,
 // updated in place. Files are written with O_TRUNC and closed one at a time
 // (in the store each close is one commit), then given the source's mode and
-// mtime; directories get theirs after their contents. The host tree is
+// mtime; directories get theirs after their contents. A file whose bytes
+// are already there is not written (a re-import adds no versions). The host tree is
 // checked for special files before anything is written (EINVAL naming them).
 // ENOTDIR when `dest` exists and is not a directory.
 vfs::Status ImportTree(vfs::Backend& backend, const vfs::Caller& caller,

@@ -171,6 +171,9 @@ TEST(MigrateTest, VerificationCatchesADifference) {
     ASSERT_FALSE(bad.has_value());
     EXPECT_NE(bad.error().message.find("table users"), std::string::npos)
         << bad.error().message;
+    // It says what state the copy is in and what to do.
+    EXPECT_NE(bad.error().message.find("(committed)"), std::string::npos);
+    EXPECT_NE(bad.error().message.find("delete the copy"), std::string::npos);
     // And a store that is not new is refused.
     auto again = CopyStore(*from, *to);
     ASSERT_FALSE(again.has_value());

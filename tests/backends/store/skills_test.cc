@@ -726,6 +726,31 @@ TEST_F(SkillsTest, ReimportingASkillReplacesItsContents) {
   EXPECT_EQ(ReadFile(store_.Sub("pdf/tool.sh")), "version two\n");
 }
 
+// Files are committed one at a time: a re-import that fails part-way may
+// leave the skill mixing new and old files, and the error says so and
+// what to do (it said "no skill was imported").
+TEST_F(SkillsTest, AReimportThatFailsPartWaySaysTheSkillMayBeMixed) {
+  MakeSkill(host_.Sub("pdf"), Fields("pdf"));
+  ASSERT_TRUE(WriteFile(host_.Sub("pdf/a.md"), "a1\n"));
+  ASSERT_TRUE(WriteFile(host_.Sub("pdf/b.md"), "b1\n"));
+  ASSERT_OK(ImportSkills(router_, caller_, host_.Sub("pdf")));
+  ASSERT_TRUE(WriteFile(host_.Sub("pdf/a.md"), "a2\n"));
+  ASSERT_TRUE(WriteFile(host_.Sub("pdf/b.md"), "b2\n"));
+  RecordingBackend failing(router_);
+  failing.fail_open = "/skills/pdf/b.md";
+  auto r = ImportSkills(failing, caller_, host_.Sub("pdf"));
+  ASSERT_FALSE(r.has_value());
+  EXPECT_NE(r.error().message.find("/skills/pdf may now hold part of the new "
+                                   "files"),
+            std::string::npos)
+      << r.error().message;
+  EXPECT_NE(r.error().message.find("run the import again"), std::string::npos);
+  EXPECT_EQ(ReadFile(store_.Sub("pdf/a.md")), "a2\n");
+  EXPECT_EQ(ReadFile(store_.Sub("pdf/b.md")), "b1\n");
+  ASSERT_OK(ImportSkills(router_, caller_, host_.Sub("pdf")));
+  EXPECT_EQ(ReadFile(store_.Sub("pdf/b.md")), "b2\n");
+}
+
 // ------------------------------------------------------------ trees
 
 TEST_F(SkillsTest, ImportThenExportRoundTripsATreeByteForByte) {
@@ -754,6 +779,58 @@ TEST_F(SkillsTest, CopiesMoveFileDataInPiecesAndCommitEachFileOnce) {
   EXPECT_GT(recording.max_read, 0u);
   EXPECT_LE(recording.max_read, kCopyPieceBytes);
   EXPECT_TRUE(SameTree(src, out_.Sub("sample")));
+}
+
+// Importing the same tree again commits nothing (no versions of unchanged
+// files); a changed byte, or a size, is committed.
+TEST_F(SkillsTest, ReimportingAnUnchangedTreeCommitsNothing) {
+  std::string src = host_.Sub("sample");
+  BuildSampleTree(src);
+  ASSERT_OK(ImportTree(router_, caller_, src, P("/skills/sample")));
+  RecordingBackend again(router_);
+  ASSERT_OK(ImportTree(again, caller_, src, P("/skills/sample")));
+  EXPECT_EQ(again.flushes, 0u);
+  EXPECT_TRUE(SameTree(src, store_.Sub("sample")));
+
+  ASSERT_TRUE(WriteFile(src + "/same-size", "abc"));
+  ASSERT_OK(ImportTree(router_, caller_, src, P("/skills/sample")));
+  ASSERT_TRUE(WriteFile(src + "/same-size", "abd"));
+  RecordingBackend changed(router_);
+  ASSERT_OK(ImportTree(changed, caller_, src, P("/skills/sample")));
+  EXPECT_EQ(changed.flushes, 1u);
+  EXPECT_EQ(ReadFile(store_.Sub("sample/same-size")), "abd");
+}
+
+// Without --delete, import removes nothing of the store: a store directory
+// where the source has a file (or the reverse) is refused, naming both,
+// before anything is written; with it, the entry is replaced.
+TEST_F(SkillsTest, ImportWithoutDeleteRefusesToReplaceAnEntryOfAnotherType) {
+  ASSERT_EQ(mkdir(host_.Sub("t").c_str(), 0755), 0);
+  ASSERT_EQ(mkdir(host_.Sub("t/X").c_str(), 0755), 0);
+  ASSERT_TRUE(WriteFile(host_.Sub("t/X/data"), "kept\n"));
+  ASSERT_TRUE(WriteFile(host_.Sub("t/a"), "one\n"));
+  ASSERT_OK(ImportTree(router_, caller_, host_.Sub("t"), P("/skills/t")));
+
+  ASSERT_EQ(unlink(host_.Sub("t/X/data").c_str()), 0);
+  ASSERT_EQ(rmdir(host_.Sub("t/X").c_str()), 0);
+  ASSERT_TRUE(WriteFile(host_.Sub("t/X"), "a file now\n"));
+  ASSERT_TRUE(WriteFile(host_.Sub("t/a"), "two\n"));
+  ImportOptions keep;
+  keep.remove_extra = false;
+  auto refused =
+      ImportTree(router_, caller_, host_.Sub("t"), P("/skills/t"), keep);
+  ASSERT_FALSE(refused.has_value());
+  EXPECT_EQ(refused.error().code, EINVAL);
+  EXPECT_NE(refused.error().message.find(host_.Sub("t/X") +
+                                         " is a regular file but /skills/t/X "
+                                         "is a directory; `import --delete`"),
+            std::string::npos)
+      << refused.error().message;
+  EXPECT_EQ(ReadFile(store_.Sub("t/X/data")), "kept\n");
+  EXPECT_EQ(ReadFile(store_.Sub("t/a")), "one\n");  // nothing written
+
+  ASSERT_OK(ImportTree(router_, caller_, host_.Sub("t"), P("/skills/t")));
+  EXPECT_EQ(ReadFile(store_.Sub("t/X")), "a file now\n");
 }
 
 TEST_F(SkillsTest, HostSymlinksLeavingTheTreeAreCopiedNotFollowed) {
@@ -816,6 +893,23 @@ TEST_F(SkillsTest, ImportMirrorsTheSourceIntoAnExistingDirectory) {
 
   ImportOptions keep_extra;
   keep_extra.remove_extra = false;
+  // Keeping extras, nothing of the store is removed: entries of another
+  // type are refused, and nothing is written.
+  auto refused =
+      ImportTree(router_, caller_, src, P("/skills/tree"), keep_extra);
+  ASSERT_ERRNO(refused, EINVAL);
+  for (const char* name : {"/was-dir is a regular file but /skills/tree/"
+                           "was-dir is a directory",
+                           "/was-file is a directory but /skills/tree/"
+                           "was-file is a regular file"}) {
+    EXPECT_NE(refused.error().message.find(src + name), std::string::npos)
+        << refused.error().message;
+  }
+  EXPECT_EQ(ReadFile(store_.Sub("tree/keep.txt")), "old and longer\n");
+  EXPECT_EQ(ReadFile(store_.Sub("tree/was-dir/inner")), "x");
+  ASSERT_EQ(unlink(store_.Sub("tree/was-dir/inner").c_str()), 0);
+  ASSERT_EQ(rmdir(store_.Sub("tree/was-dir").c_str()), 0);
+  ASSERT_EQ(unlink(store_.Sub("tree/was-file").c_str()), 0);
   ASSERT_OK(ImportTree(router_, caller_, src, P("/skills/tree"), keep_extra));
   EXPECT_EQ(ListDir(store_.Sub("tree")),
             (std::vector<std::string>{"extra.txt", "keep.txt", "link",
