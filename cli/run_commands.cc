@@ -42,6 +42,31 @@ struct RunArgs {
   std::string session;  // resume, show
 };
 
+json BudgetJson(const harness::Budget& b) {
+  return {{"steps", b.steps},
+          {"input_tokens", b.input_tokens},
+          {"output_tokens", b.output_tokens},
+          {"seconds", b.seconds},
+          {"cost_usd", b.cost_usd}};
+}
+
+// On resume, each budget no flag sets is the one recorded with the session.
+void KeepRecordedBudget(const json& config, const RunArgs& a,
+                        harness::Budget& b) {
+  auto it = config.find("budget");
+  if (it == config.end() || !it->is_object()) return;
+  auto keep = [&](const char* key, bool flagged, auto& field) {
+    auto v = it->find(key);
+    if (!flagged && v != it->end() && v->is_number())
+      field = v->template get<std::remove_reference_t<decltype(field)>>();
+  };
+  keep("steps", a.max_steps >= 0, b.steps);
+  keep("input_tokens", a.max_input_tokens >= 0, b.input_tokens);
+  keep("output_tokens", a.max_output_tokens >= 0, b.output_tokens);
+  keep("seconds", a.max_seconds >= 0, b.seconds);
+  keep("cost_usd", a.max_cost >= 0, b.cost_usd);
+}
+
 // Fills the model settings and options from flags, then the config file.
 vfs::Status Configure(const RunArgs& a, harness::ClientConfig& client,
                       harness::AgentOptions& options) {
@@ -196,6 +221,9 @@ int Drive(const RunArgs& a, bool resume) {
   }
   if (auto ok = Configure(settings, client_config, options); !ok)
     return Report(cmd, ok.error());
+  // The budgets too: a plain `resume` after a crash keeps the limits the
+  // session was given (it fell back to the defaults: 50 steps, $10).
+  if (resume) KeepRecordedBudget(info.config, a, options.budget);
   auto client = harness::MakeModelClient(client_config);
   if (!client) return Report(cmd, client.error());
 
@@ -231,6 +259,9 @@ int Drive(const RunArgs& a, bool resume) {
                    {"provider", client_config.provider},
                    {"model", client_config.model},
                    {"base_url", client_config.base_url}};
+  }
+  info.config["budget"] = BudgetJson(options.budget);
+  if (!resume) {
     if (auto ok = log.Create(info); !ok) {
       signals.SetTarget(nullptr);
       (*sb)->Close();

@@ -285,16 +285,23 @@ std::optional<ToolResult> Agent::Approve(const ContentBlock& call) {
     std::string summary = Printable(call.name) + ": " + Printable(arg);
     std::optional<bool> yes;
     if (options_.approve) yes = options_.approve(summary);
-    if (!yes) yes = WaitForApproval(call.id, summary);
+    bool timed_out = false;
+    if (!yes) {
+      yes = WaitForApproval(call.id, summary);
+      timed_out = !yes.has_value();
+      yes = yes.value_or(false);
+    }
     // Stopped while waiting: neither approved nor denied (a resume asks
     // again).
     if (Interrupted()) return ToolResult{kInterrupted, true};
     (void)log_.Append(session_.id, *yes ? "approved" : "denied",
                       {{"id", call.id}, {"summary", summary}});
     if (!*yes)
-      return ToolResult{"A person denied this call (" + Short(summary, 200) +
-                            "). Do not retry it; continue another way or "
-                            "explain what you need.",
+      return ToolResult{(timed_out ? "Nobody approved this call in time ("
+                                   : "A person denied this call (") +
+                            Short(summary, 200) +
+                            "), so it was not run. Do not retry it; continue "
+                            "another way or explain what you need.",
                         true};
     break;
   }
@@ -303,7 +310,21 @@ std::optional<ToolResult> Agent::Approve(const ContentBlock& call) {
 
 ToolResult Agent::RunTool(const ContentBlock& call) {
   try {
-    if (call.name == "bash") return bash_.Run(call.input);
+    if (call.name == "bash") {
+      // The time budget covers commands too: one may run only as long as
+      // the budget has left (a turn of five `sleep 3` ran 15 s past a 2 s
+      // budget).
+      double left = 0;
+      if (options_.budget.seconds > 0) {
+        left = options_.budget.seconds - ElapsedMs() / 1000.0;
+        if (left <= 0)
+          return {
+              "Not run: the session's time budget (--max-seconds) is used "
+              "up; the session stops after this turn.",
+              true};
+      }
+      return bash_.Run(call.input, left);
+    }
     if (call.name == "str_replace_based_edit_tool")
       return files_.Editor(call.input);
     if (call.name == "memory") return files_.Memory(call.input);
@@ -319,8 +340,8 @@ ToolResult Agent::RunTool(const ContentBlock& call) {
           true};
 }
 
-bool Agent::WaitForApproval(const std::string& call_id,
-                            const std::string& summary) {
+std::optional<bool> Agent::WaitForApproval(const std::string& call_id,
+                                           const std::string& summary) {
   auto asked = log_.Append(session_.id, "approval_requested",
                            {{"id", call_id}, {"summary", summary}});
   if (!asked) return false;
@@ -349,7 +370,7 @@ bool Agent::WaitForApproval(const std::string& call_id,
   }
   session_.state = "running";
   (void)log_.Update(session_);
-  return answer.value_or(false);
+  return answer;
 }
 
 vfs::Status RecordApproval(SessionLog& log, const std::string& user,
@@ -436,6 +457,10 @@ vfs::Result<Message> Agent::Answer(
                                  {"is_error", result.is_error}});
           !ok)
         return std::unexpected(ok.error());
+      // The time spent is kept after every call, not only at model calls:
+      // after a crash during a long command the session showed 10 ms.
+      session_.elapsed_ms = ElapsedMs();
+      (void)log_.Update(session_);
       size_t lines = std::count(result.text.begin(), result.text.end(), '\n');
       char cost[32];
       std::snprintf(cost, sizeof(cost), "$%.4f", session_.cost_micros / 1e6);

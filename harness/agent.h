@@ -121,7 +121,9 @@ class Agent {
   ToolResult RunTool(const ContentBlock& call);
   vfs::Result<Outcome> StopInterrupted();
   int64_t ElapsedMs() const;  // over all runs of the session
-  bool WaitForApproval(const std::string& call_id, const std::string& summary);
+  // The answer, or nullopt when none came in time.
+  std::optional<bool> WaitForApproval(const std::string& call_id,
+                                      const std::string& summary);
   std::optional<std::string> BudgetReached() const;
   vfs::Result<Outcome> Stop(const std::string& state, const std::string& reason,
                             const std::string& final_text = "");

@@ -28,7 +28,7 @@ std::string DescribeForModel(const sandbox::CommandResult& r) {
   return text;
 }
 
-ToolResult BashTool::Run(const json& input) {
+ToolResult BashTool::Run(const json& input, double max_seconds) {
   if (!input.is_object())
     return {"Error: the bash tool takes {\"command\": \"...\"}", true};
   if (auto restart = input.find("restart");
@@ -51,6 +51,9 @@ ToolResult BashTool::Run(const json& input) {
   sandbox::Command c;
   c.argv = {"bash", "-c", command->get<std::string>()};
   c.limits = limits_;
+  if (max_seconds > 0 &&
+      (c.limits->timeout_s <= 0 || c.limits->timeout_s > max_seconds))
+    c.limits->timeout_s = max_seconds;
   auto r = sandbox_.Run(c);
   if (!r) return {"Error: " + r.error().message, true};
   return {DescribeForModel(*r), r->timed_out};

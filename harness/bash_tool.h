@@ -23,7 +23,9 @@ class BashTool {
   // `sandbox` must outlive this object; `limits` apply to every command.
   BashTool(sandbox::Sandbox& sandbox, sandbox::Limits limits);
 
-  ToolResult Run(const nlohmann::json& input);
+  // `max_seconds` > 0 shortens the command's timeout to it (what is left
+  // of the session's time budget).
+  ToolResult Run(const nlohmann::json& input, double max_seconds = 0);
 
  private:
   sandbox::Sandbox& sandbox_;

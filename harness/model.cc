@@ -587,7 +587,9 @@ json OpenAiRequestBody(const ClientConfig& config,
         messages.push_back(
             {{"role", "tool"},
              {"tool_call_id", b.id},
-             {"content", b.is_error ? "Error: " + b.text : b.text}});
+             {"content", b.is_error && !b.text.starts_with("Error")
+                             ? "Error: " + b.text
+                             : b.text}});
       if (b.kind == ContentBlock::Kind::kText) text += b.text;
     }
     if (!text.empty())

@@ -143,6 +143,13 @@ TEST_F(RunCliTest, ABudgetStopIsResumedWithALargerBudget) {
   EXPECT_EQ(r.exit_status, 3) << r.output;
   EXPECT_THAT(r.output, HasSubstr("step budget reached"));
   std::string id = r.output.substr(r.output.find("session run-") + 8, 20);
+  // A plain resume keeps the session's budget (it fell back to 50 steps):
+  // still over it, it stops again without a model call.
+  auto plain = Agentvfs({"resume", id}, &api);
+  EXPECT_EQ(plain.exit_status, 3) << plain.output;
+  EXPECT_THAT(plain.output, HasSubstr("step budget reached"));
+  EXPECT_EQ(testing::ReadFile(ws_->Sub("n")), "1\n");
+  EXPECT_EQ(api.Requests().size(), 1u);
   auto resumed = Agentvfs({"resume", id, "--max-steps", "10"}, &api);
   EXPECT_EQ(resumed.exit_status, 0) << resumed.output;
   EXPECT_EQ(testing::ReadFile(ws_->Sub("n")), "1\n2\n");

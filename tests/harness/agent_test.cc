@@ -8,6 +8,7 @@
 #include <gtest/gtest.h>
 
 #include <functional>
+#include <map>
 #include <thread>
 
 #include "backends/local_dir/local_dir.h"
@@ -588,6 +589,12 @@ TEST_F(AgentTest, ToolNamesAndCallIdsReachTheTerminalEscaped) {
   }
   EXPECT_TRUE(waited);
   EXPECT_THAT(lines_[0], HasSubstr("bash\\x1b]0;TITLE\\x07: true"));
+  // Nobody answered: the model is not told that a person denied it.
+  auto reqs = api.Requests();
+  ASSERT_EQ(reqs.size(), 3u);
+  const json& msgs = reqs[2]["body"]["messages"];
+  EXPECT_THAT(msgs[msgs.size() - 1]["content"][0]["content"].get<std::string>(),
+              HasSubstr("Nobody approved this call in time"));
 }
 
 // Call ids come from the model's server; an answer given to an earlier
@@ -768,6 +775,37 @@ TEST_F(AgentTest, TheTimeBudgetBoundsAModelCall) {
   EXPECT_THAT(out->reason, HasSubstr("time budget"));
   EXPECT_LT(std::chrono::steady_clock::now() - started,
             std::chrono::seconds(10));
+}
+
+// The time budget covers commands too: a command runs only as long as the
+// budget has left, and calls after it are not run (a turn of five
+// `sleep 3` ran 15 s past a 2 s budget). The time spent is recorded.
+TEST_F(AgentTest, TheTimeBudgetBoundsCommands) {
+  json turn = ToolUse("t1", "bash", {{"command", "sleep 60"}});
+  turn["body"]["content"].push_back({{"type", "tool_use"},
+                                     {"id", "t2"},
+                                     {"name", "bash"},
+                                     {"input", {{"command", "echo ran"}}}});
+  FakeApi api{turn, Final("late")};
+  auto client = Client(api);
+  AgentOptions options;
+  options.budget.seconds = 1;
+  auto out = MakeAgent(*client, options).Start("Go.");
+  ASSERT_TRUE(out.has_value()) << out.error().message;
+  EXPECT_EQ(out->state, "budget");
+  EXPECT_THAT(out->reason, HasSubstr("time budget"));
+  auto events = log_->Events("alice", session_.id);
+  ASSERT_TRUE(events.has_value());
+  std::map<std::string, std::string> results;
+  for (const auto& e : *events)
+    if (e.kind == "tool_finished")
+      results[e.data.value("id", std::string())] =
+          e.data.value("result", std::string());
+  EXPECT_THAT(results["t1"], HasSubstr("timed out"));
+  EXPECT_THAT(results["t2"], HasSubstr("Not run: the session's time budget"));
+  EXPECT_EQ(api.Requests().size(), 1u);
+  auto s = log_->Get("alice", session_.id);
+  EXPECT_GE(s->elapsed_ms, 1000);
 }
 
 }  // namespace

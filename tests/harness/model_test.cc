@@ -246,6 +246,31 @@ TEST(ModelClientTest, ARepliesNestedTooDeepOrWithNoTokenCountsAreRefused) {
   EXPECT_EQ(r->usage.output_tokens, 0);
 }
 
+// An error result is marked "Error: " for Chat Completions (which has no
+// is_error), once: the tools' own errors already start so.
+TEST(ModelClientTest, OpenAiErrorResultsAreMarkedOnce) {
+  json answer = {{"model", "gpt-test"},
+                 {"choices",
+                  {{{"index", 0},
+                    {"finish_reason", "stop"},
+                    {"message", {{"role", "assistant"}, {"content", "ok"}}}}}}};
+  FakeApi api{{{"status", 200}, {"body", answer}}};
+  auto client = harness::MakeModelClient(Config("openai", api.Url("/v1/")));
+  ModelRequest r = Conversation();
+  r.messages.back().content = {
+      ContentBlock::ToolResult("call_1", "Error: no such file", true)};
+  r.messages[1].content.push_back(
+      ContentBlock::ToolUse("call_2", "bash", {{"command", "x"}}));
+  r.messages.back().content.push_back(
+      ContentBlock::ToolResult("call_2", "command not found", true));
+  ASSERT_TRUE((*client)->Complete(r).has_value());
+  const json q = api.Requests().at(0);
+  const json& m = q["body"]["messages"];
+  ASSERT_EQ(m.size(), 5u) << m.dump();
+  EXPECT_EQ(m[3]["content"], "Error: no such file");
+  EXPECT_EQ(m[4]["content"], "Error: command not found");
+}
+
 TEST(ModelClientTest, RateLimitsAndOverloadsAreRetriedHonouringRetryAfter) {
   json overloaded = {
       {"type", "error"},
