@@ -11,6 +11,7 @@
 #include <linux/keyctl.h>
 #include <linux/seccomp.h>
 #include <poll.h>
+#include <pwd.h>
 #include <sched.h>
 #include <signal.h>
 #include <spdlog/spdlog.h>
@@ -819,6 +820,48 @@ vfs::Status NoSecretInside(const SandboxOptions& o) {
   return {};
 }
 
+// A workspace is a directory the agent may change all of, so never the
+// root, a system directory or a home directory (nor one above them), named
+// directly or through a symlink: as root, the idmapped bind hands the
+// files of the workspace's owner to the sandbox's user, so `--workspace /`,
+// or a link an earlier run planted (`ln -s /root project`), let a command
+// read root's ~/.npmrc and rewrite its ~/.bashrc.
+vfs::Status NotASystemDirectory(const std::string& real,
+                                const std::string& given) {
+  auto refuse = [&](const std::string& what) -> vfs::Status {
+    return Fail(EINVAL, "workspace '" + given + "'" +
+                            (given == real ? "" : " (" + real + ")") + " is " +
+                            what +
+                            ": the agent could change everything in it. Make "
+                            "a directory for the work (mkdir ~/agent-work) "
+                            "and name that");
+  };
+  for (const char* dir : {"/", "/home", "/mnt", "/media", "/opt", "/srv",
+                          "/tmp", "/var", "/var/tmp", "/run"}) {
+    if (real == dir) return refuse("a system directory");
+  }
+  for (const char* dir :
+       {"/bin", "/boot", "/dev", "/etc", "/lib", "/lib32", "/lib64", "/libx32",
+        "/proc", "/sbin", "/sys", "/usr"}) {
+    if (vfs::IsWithin(real, dir)) return refuse("a system directory");
+  }
+  // Home directories of every account, and what holds them (/home).
+  setpwent();
+  std::optional<std::string> home;
+  while (passwd* pw = getpwent()) {
+    if (pw->pw_dir == nullptr || pw->pw_dir[0] != '/') continue;
+    char resolved[PATH_MAX];
+    std::string dir = realpath(pw->pw_dir, resolved) ? resolved : pw->pw_dir;
+    if (dir != "/" && vfs::IsWithin(dir, real)) {
+      home = std::string(pw->pw_name);
+      break;
+    }
+  }
+  endpwent();
+  if (home) return refuse("the home directory of " + *home + " or holds it");
+  return {};
+}
+
 }  // namespace
 
 vfs::Result<std::unique_ptr<Sandbox>> Sandbox::Create(SandboxOptions options) {
@@ -832,6 +875,8 @@ vfs::Result<std::unique_ptr<Sandbox>> Sandbox::Create(SandboxOptions options) {
   if (stat(real, &st) != 0 || !S_ISDIR(st.st_mode))
     return Fail(ENOTDIR,
                 "workspace '" + options.workspace + "' is not a directory");
+  if (auto ok = NotASystemDirectory(real, options.workspace); !ok)
+    return std::unexpected(ok.error());
   options.workspace = real;
   if (auto ok = NoSecretInside(options); !ok)
     return std::unexpected(ok.error());

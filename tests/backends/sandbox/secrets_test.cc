@@ -154,5 +154,24 @@ TEST_F(SandboxSecretsTest, AStoreWithAnotherHardLinkIsRefused) {
   EXPECT_OK(Create(dir_.Sub("ws")));
 }
 
+// The root, system directories and home directories are never a workspace,
+// named directly or through a link (one an earlier run may have planted in
+// a workspace it could write): the agent could change everything in them.
+TEST_F(SandboxSecretsTest, ASystemOrHomeDirectoryIsNoWorkspace) {
+  ASSERT_EQ(symlink("/root", dir_.Sub("ws/project").c_str()), 0);
+  for (const std::string& ws :
+       {std::string("/"), std::string("/etc"), std::string("/etc/ssl"),
+        std::string("/usr/share"), std::string("/home"), std::string("/root"),
+        std::string("/tmp"), dir_.Sub("ws/project")}) {
+    auto sb = Create(ws);
+    ASSERT_FALSE(sb.has_value()) << ws;
+    EXPECT_EQ(sb.error().code, EINVAL);
+    EXPECT_THAT(sb.error().message, HasSubstr("the agent could change "
+                                              "everything in it"))
+        << ws;
+  }
+  EXPECT_OK(Create(dir_.Sub("ws")));
+}
+
 }  // namespace
 }  // namespace agentvfs::testing
