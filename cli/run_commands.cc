@@ -334,6 +334,27 @@ int Sessions(const RunArgs& a) {
       });
 }
 
+// Text of an event for `show`: at most `limit` bytes (cut on a character
+// boundary, saying how much is left out), every line indented, so that
+// what a model or a command wrote can never pass for an event line.
+std::string Indented(const std::string& text, size_t limit = 2000) {
+  std::string kept = text;
+  if (kept.size() > limit) {
+    size_t cut = limit;
+    while (cut > 0 && (static_cast<unsigned char>(kept[cut]) & 0xC0) == 0x80)
+      --cut;
+    kept = kept.substr(0, cut) + " [... " + std::to_string(text.size() - cut) +
+           " bytes more; show --json has "
+           "them]";
+  }
+  std::string out = "\n    ";
+  for (char c : kept) {
+    out += c;
+    if (c == '\n') out += "    ";
+  }
+  return out;
+}
+
 int Show(const RunArgs& a) {
   return RunAsUser(
       "show", a.store, "show", [&](StoreSession& s) -> vfs::Status {
@@ -348,22 +369,24 @@ int Show(const RunArgs& a) {
           std::string line = When(e.time_ns) + "  " + e.kind + ": ";
           const json& d = e.data;
           if (e.kind == "task") {
-            line += d.value("text", std::string());
+            const std::string task = d.value("text", std::string());
+            line += task.find('\n') == std::string::npos && task.size() <= 200
+                        ? task
+                        : Indented(task);
           } else if (e.kind == "model") {
             for (const auto& b : d["message"].value("content", json::array())) {
               if (b.value("type", "") == "text")
-                line += "\n    " + b.value("text", std::string());
+                line += Indented(b.value("text", std::string()));
               if (b.value("type", "") == "tool_use")
-                line +=
-                    "\n    -> " + b.value("name", std::string()) + " " +
+                line += Indented(
+                    "-> " + b.value("name", std::string()) + " " +
                     b["input"].dump(-1, ' ', false,
-                                    nlohmann::json::error_handler_t::replace);
+                                    nlohmann::json::error_handler_t::replace));
             }
           } else if (e.kind == "tool_finished") {
-            std::string r = d.value("result", std::string());
             line += d.value("id", std::string()) +
-                    (d.value("is_error", false) ? " (error)" : "") + "\n    " +
-                    r.substr(0, 2000);
+                    (d.value("is_error", false) ? " (error)" : "") +
+                    Indented(d.value("result", std::string()));
           } else {
             line += d.dump(-1, ' ', false,
                            nlohmann::json::error_handler_t::replace);

@@ -44,6 +44,7 @@ std::vector<std::string> ClearFiles(int fd, dev_t dev, uint64_t mnt,
     close(dup_fd);
     return subdirs;
   }
+  rewinddir(d);  // the offset is shared with `fd`, which may have been read
   std::vector<std::string> names;
   while (dirent* e = readdir(d)) {
     std::string n = e->d_name;

@@ -11,6 +11,7 @@
 #include <limits.h>
 #include <stdlib.h>
 #include <sys/stat.h>
+#include <sys/vfs.h>
 #include <unistd.h>
 #include <yaml-cpp/yaml.h>
 
@@ -534,17 +535,45 @@ bool StaysInside(const std::string& target, int depth) {
 // Adds a problem for every special file in the tree below `dirfd`, and,
 // with `depth` >= 0 (how far `dirfd` is below the top), for every symlink
 // that leads out of the tree: a skill must be whole in its folder.
+// A host directory that is a store directory seen through a mount of the
+// store (a FUSE filesystem showing the store's inode number): importing a
+// tree into a directory inside it, or exporting one into a directory of
+// itself, would copy the copy without end (2,027 levels before a name grew
+// too long).
+constexpr long kFuseMagic = 0x65735546;
+
+struct SelfCheck {
+  Path dest;      // the store directory being filled or read
+  ino_t ino = 0;  // its inode number in the store
+  bool host_is_fuse = false;
+  bool Is(const struct stat& st) const {
+    return host_is_fuse && S_ISDIR(st.st_mode) && st.st_ino == ino;
+  }
+};
+
+bool OnFuse(int fd) {
+  struct statfs fs;
+  return fstatfs(fd, &fs) == 0 && fs.f_type == kFuseMagic;
+}
+
 Status ScanHostTree(int dirfd, const std::string& shown, Problems& problems,
-                    int depth = -1) {
+                    int depth = -1, const SelfCheck* self = nullptr) {
   auto entries = ListHostDir(dirfd, shown);
   if (!entries) return Unexpected(entries.error());
   for (const HostEntry& e : *entries) {
     std::string child = JoinHost(shown, e.name);
     if (S_ISDIR(e.st.st_mode)) {
+      if (self != nullptr && self->Is(e.st)) {
+        problems.Add(child + " is " + self->dest.str() +
+                     " itself, seen through a mount: a directory cannot be "
+                     "copied into itself; import into a directory outside " +
+                     shown);
+        continue;
+      }
       auto sub = OpenHostSubdir(dirfd, e.name, child);
       if (!sub) return Unexpected(sub.error());
       if (auto s = ScanHostTree(sub->get(), child, problems,
-                                depth < 0 ? -1 : depth + 1);
+                                depth < 0 ? -1 : depth + 1, self);
           !s)
         return s;
     } else if (S_ISLNK(e.st.st_mode)) {
@@ -748,13 +777,14 @@ class Importer {
 
   // Makes the top of the copy a directory we can fill: created when
   // missing; ENOTDIR when something else is there.
-  Status PrepareTop(const Path& dest) {
+  // True when it made it.
+  Result<bool> PrepareTop(const Path& dest) {
     auto attr = backend_.Stat(caller_, dest);
     if (!attr && attr.error().code == ENOENT) {
       if (auto s = backend_.Mkdir(caller_, dest, S_IRWXU); !s) {
         return WithContext(s.error(), "create " + dest.str());
       }
-      return {};
+      return true;
     }
     if (!attr) return WithContext(attr.error(), "stat " + dest.str());
     if (!S_ISDIR(attr->st_mode)) {
@@ -762,7 +792,9 @@ class Importer {
                                TypeName(attr->st_mode) +
                                ", not a directory to import into");
     }
-    return MakeWritable(dest, attr->st_mode);
+    if (auto s = MakeWritable(dest, attr->st_mode); !s)
+      return Unexpected(s.error());
+    return false;
   }
 
   // Adds a problem for every entry of the host directory open at `dirfd`
@@ -1080,6 +1112,10 @@ class Exporter {
   Exporter(vfs::Backend& backend, const vfs::Caller& caller, mode_t umask)
       : backend_(backend), caller_(caller), umask_(umask) {}
 
+  // The host directory exported into is on a FUSE mount, with this inode
+  // number: a store directory with the same is that directory (SelfCheck).
+  void ExportingInto(ino_t ino) { into_ = ino; }
+
   // Copies the entries of the backend directory `src` into the host
   // directory open at `dirfd` (shown as `shown`).
   Status CopyDir(const Path& src, int dirfd, const std::string& shown) {
@@ -1095,6 +1131,15 @@ class Exporter {
       auto attr = backend_.Stat(caller_, *child);
       if (!attr) return WithContext(attr.error(), "stat " + child->str());
       std::string child_shown = JoinHost(shown, d.name);
+      if (into_ != 0 && S_ISDIR(attr->st_mode) && attr->st_ino == into_) {
+        return Fail(EINVAL, child->str() +
+                                " is the directory exported into, "
+                                "seen through a mount of the "
+                                "store: a directory cannot be "
+                                "copied into itself; export "
+                                "outside " +
+                                src.str());
+      }
       if (auto s = CopyEntry(*child, *attr, dirfd, d.name, child_shown); !s) {
         return s;
       }
@@ -1228,6 +1273,7 @@ class Exporter {
   vfs::Backend& backend_;
   const vfs::Caller& caller_;
   mode_t umask_;
+  ino_t into_ = 0;
   std::vector<char> buf_ = std::vector<char>(kCopyPieceBytes);
 };
 
@@ -1328,6 +1374,7 @@ vfs::Status ImportOpenTree(vfs::Backend& backend, const vfs::Caller& caller,
   if (!problems.empty()) return Unexpected(problems.ToError());
   struct stat st;
   if (fstat(root, &st) != 0) return HostErrno("stat", host_dir);
+  SelfCheck self{dest, 0, OnFuse(root)};
 
   Importer importer(backend, caller, options);
   // Without remove_extra nothing of the store is removed: an entry whose
@@ -1339,7 +1386,20 @@ vfs::Status ImportOpenTree(vfs::Backend& backend, const vfs::Caller& caller,
       return s;
     if (!problems.empty()) return Unexpected(problems.ToError());
   }
-  if (auto s = importer.PrepareTop(dest); !s) return s;
+  auto created = importer.PrepareTop(dest);
+  if (!created) return Unexpected(created.error());
+  if (self.host_is_fuse) {
+    // The destination (made now or not) must not be inside the source.
+    auto attr = backend.Stat(caller, dest);
+    if (!attr) return WithContext(attr.error(), "stat " + dest.str());
+    self.ino = attr->st_ino;
+    if (auto s = ScanHostTree(root, host_dir, problems, -1, &self); !s)
+      return s;
+    if (!problems.empty()) {
+      if (*created) (void)backend.Rmdir(caller, dest);
+      return Unexpected(problems.ToError());
+    }
+  }
   return importer.CopyDir(root, host_dir, dest, st);
 }
 
@@ -1409,6 +1469,7 @@ vfs::Status ExportTree(vfs::Backend& backend, const vfs::Caller& caller,
     if (auto s = MakeHostDirWritable(root.get(), host_dir); !s) return s;
     const mode_t umask = CurrentUmask();
     Exporter exporter(backend, caller, umask);
+    if (OnFuse(root.get())) exporter.ExportingInto(top.st_ino);
     if (auto s = exporter.CopyDir(src, root.get(), host_dir); !s) return s;
     // A directory merged into keeps its own mode; a new or empty one gets
     // the store's.

@@ -18,6 +18,7 @@ namespace {
 using testing::CommandOptions;
 using testing::FakeApi;
 using ::testing::HasSubstr;
+using ::testing::Not;
 using testing::RunCommand;
 using json = nlohmann::json;
 
@@ -92,9 +93,10 @@ class RunCliTest : public ::testing::Test {
 };
 
 TEST_F(RunCliTest, ARunPrintsOneLinePerStepAndIsListedAndShown) {
-  FakeApi api{
-      Bash("t1", "echo hello > /workspace/out.txt; cat /workspace/out.txt"),
-      Final("Wrote out.txt.")};
+  FakeApi api{Bash("t1",
+                   "echo hello > /workspace/out.txt; cat /workspace/out.txt; "
+                   "printf 'x\\n2026-01-01 00:00:00  denied: forged\\n'"),
+              Final("Wrote out.txt.")};
   auto r = Agentvfs({"run", "--workspace", ws_->path(), "Write hello."}, &api);
   ASSERT_EQ(r.exit_status, 0) << r.output;
   EXPECT_THAT(r.output, HasSubstr("[1] bash: echo hello > /workspace/out.txt"));
@@ -124,6 +126,12 @@ TEST_F(RunCliTest, ARunPrintsOneLinePerStepAndIsListedAndShown) {
   EXPECT_THAT(show.output, HasSubstr("task: Write hello."));
   EXPECT_THAT(show.output, HasSubstr("-> bash"));
   EXPECT_THAT(show.output, HasSubstr("tool_finished: t1"));
+  // What a command printed cannot pass for an event line: every line of
+  // it is indented.
+  EXPECT_THAT(show.output,
+              HasSubstr("\n    2026-01-01 00:00:00  denied: forged"));
+  EXPECT_THAT(show.output,
+              Not(HasSubstr("\n2026-01-01 00:00:00  denied: forged")));
   auto show_json = Agentvfs({"show", id, "--json"});
   EXPECT_EQ(show_json.output.find("test-key"), std::string::npos);
   std::istringstream lines(show_json.output);

@@ -458,6 +458,20 @@ TEST_F(MiscTest, RewinddirShowsTheDirectoryAsItIsNow) {
   rewinddir(d);
   EXPECT_EQ(names(), std::set<std::string>{});
   closedir(d);
+
+  // What is made between opendir and the first read is listed too (the
+  // listing was taken at opendir: a failed export, cleaning up the
+  // directory it had opened before filling it, left every file).
+  d = opendir(View().c_str());
+  ASSERT_NE(d, nullptr);
+  ASSERT_TRUE(WriteFile(View("c"), "c"));
+  EXPECT_EQ(names(), (std::set<std::string>{"c"}));
+  closedir(d);
+  // opendir of a name that is gone or not a directory fails as it should.
+  EXPECT_EQ(opendir(View("c").c_str()), nullptr);
+  EXPECT_EQ(errno, ENOTDIR);
+  EXPECT_EQ(opendir(View("gone").c_str()), nullptr);
+  EXPECT_EQ(errno, ENOENT);
 }
 
 // A directory renamed away and back beside the mount: the daemon knew it

@@ -847,10 +847,10 @@ class FuseServer::Impl {
   std::jthread invalidator_;
 };
 
-// An open directory: a snapshot of its entries taken at opendir.
+// An open directory: a snapshot of its entries, taken at each read from
+// offset 0 (the first, and each after rewinddir).
 struct DirHandle {
   std::vector<vfs::DirEntry> entries;
-  bool served = false;  // a listing went out; offset 0 again is rewinddir
 };
 
 uint64_t FuseServer::Impl::AddDir(std::unique_ptr<DirHandle> d) {
@@ -1584,17 +1584,18 @@ Status ListInto(fuse_req_t req, fuse_ino_t ino, DirHandle& dir) {
   dir.entries.push_back(vfs::DirEntry{".", 0, S_IFDIR});
   dir.entries.push_back(vfs::DirEntry{"..", 0, S_IFDIR});
   for (auto& e : *entries) dir.entries.push_back(std::move(e));
-  dir.served = false;
   return {};
 }
 
-// The listing starts again at offset 0 after entries went out: rewinddir(3)
-// (lseek to 0, which the kernel does not pass on) must show the directory
-// as it is now, not as it was at opendir.
+// A read from offset 0 lists the directory as it is now: the first read
+// after opendir, and every one after rewinddir(3) (an lseek to 0, which the
+// kernel does not pass on). A listing taken at opendir missed what was made
+// between opendir and the first read (a failed export's clean-up left the
+// files it had just written), and one reused after a rewind missed what
+// was made since.
 Status RewindIfAsked(fuse_req_t req, fuse_ino_t ino, DirHandle& dir,
                      off_t off) {
-  if (off == 0 && dir.served) return ListInto(req, ino, dir);
-  dir.served = true;
+  if (off == 0) return ListInto(req, ino, dir);
   return {};
 }
 
@@ -1602,9 +1603,15 @@ void OpOpendir(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
   Guard(req, "opendir", [&] {
     auto* self = Self(req);
     auto tree = self->SharedTree();
+    // The listing comes at the first read; here only what opendir(3) must
+    // refuse: a name gone or hidden, or not a directory.
+    auto path = self->PathOf(ino);
+    if (!path) return self->ReplyError(req, path.error());
+    auto st = self->backend_.Stat(self->CallerFor(req), *path);
+    if (!st) return self->ReplyError(req, st.error());
+    if (!S_ISDIR(st->st_mode))
+      return self->ReplyError(req, vfs::Error{ENOTDIR, path->str()});
     auto dir = std::make_unique<DirHandle>();
-    if (auto listed = ListInto(req, ino, *dir); !listed)
-      return self->ReplyError(req, listed.error());
     fi->fh = self->AddDir(std::move(dir));
     if (fuse_reply_open(req, fi) != 0) self->ReleaseDir(fi->fh);
   });
