@@ -310,8 +310,14 @@ TEST_F(RunCliTest, AnApprovalRuleThatCannotMatchIsRefused) {
 // to standard output: log lines (here the sweep of a killed run's sandbox)
 // go to standard error.
 TEST_F(RunCliTest, RunJsonWritesOnlyJsonToStandardOutput) {
+  // Sandbox sessions in a directory of this test's own, so that the killed
+  // run's is swept by the next run here, not by another test's.
+  testing::TempDir state("agentvfs-run-state");
+  ASSERT_EQ(chmod(state.path().c_str(), 0711), 0);
+  setenv("XDG_RUNTIME_DIR", state.path().c_str(), 1);
   FakeApi killed{Bash("t1", "echo started > /workspace/started; sleep 30")};
   pid_t child = StartRun(killed, "Start.");
+  unsetenv("XDG_RUNTIME_DIR");
   ASSERT_GE(child, 0);
   for (int i = 0; i < 500 && !testing::ReadFile(ws_->Sub("started")); ++i)
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
@@ -322,16 +328,17 @@ TEST_F(RunCliTest, RunJsonWritesOnlyJsonToStandardOutput) {
 
   FakeApi api{Bash("t1", "echo hi"), Final("Done.")};
   std::string out_path = conf_->Sub("stdout");
-  auto r = RunCommand({"sh", "-c",
-                       std::string("\"$0\" run --json --workspace \"$1\" "
-                                   "--store \"$2\" --token-file \"$3\" Go. "
-                                   "> \"$4\""),
-                       AGENTVFS_BINARY, ws_->path(), store_->db(),
-                       store_->TokenFile("dev"), out_path},
-                      CommandOptions{.env = {{"ANTHROPIC_API_KEY", "k"},
-                                             {"ANTHROPIC_BASE_URL", api.Url()},
-                                             {"AGENTVFS_CONFIG",
-                                              conf_->Sub("no-config.yaml")}}});
+  auto r = RunCommand(
+      {"sh", "-c",
+       std::string("\"$0\" run --json --workspace \"$1\" "
+                   "--store \"$2\" --token-file \"$3\" Go. "
+                   "> \"$4\""),
+       AGENTVFS_BINARY, ws_->path(), store_->db(), store_->TokenFile("dev"),
+       out_path},
+      CommandOptions{.env = {{"ANTHROPIC_API_KEY", "k"},
+                             {"ANTHROPIC_BASE_URL", api.Url()},
+                             {"AGENTVFS_CONFIG", conf_->Sub("no-config.yaml")},
+                             {"XDG_RUNTIME_DIR", state.path()}}});
   ASSERT_EQ(r.exit_status, 0) << r.output;
   EXPECT_THAT(r.output, HasSubstr("stale sandbox session"));
   std::ifstream in(out_path);
