@@ -74,9 +74,12 @@ bool Typeable(const std::string& id) {
 }
 
 // What a call does, in one line: the command, or the command and every
-// path it names (normalised, so that approval rules see what will be
-// touched: /workspace//a/../b is /workspace/b).
-std::string Argument(const ContentBlock& call) {
+// path it names (normalised and, with a resolver, through the symlinks on
+// its way, so that approval rules see what will be touched:
+// /workspace//a/../b is /workspace/b, and /workspace/pp/x is
+// /workspace/protected/x when pp links to protected).
+std::string Argument(const ContentBlock& call,
+                     const FileTools* resolver = nullptr) {
   const json& in = call.input;
   if (!in.is_object()) return "(bad input)";
   if (in.contains("command") && call.name == "bash" &&
@@ -94,7 +97,9 @@ std::string Argument(const ContentBlock& call) {
     const std::string* v = text(key);
     if (v == nullptr) continue;
     auto p = vfs::Path::Parse(*v);
-    what += " " + (p ? p->str() : *v);
+    // What will be touched: through a symlink in the workspace
+    // (`ln -s protected pp`), the place it leads to.
+    what += " " + (p ? (resolver ? resolver->Resolve(*p) : *p).str() : *v);
   }
   if (auto r = in.find("restart");
       r != in.end() && r->is_boolean() && r->get<bool>())
@@ -262,7 +267,8 @@ vfs::Result<Outcome> Agent::Stop(const std::string& state,
 constexpr size_t kMaxMatched = 4096;
 
 std::optional<ToolResult> Agent::Approve(const ContentBlock& call) {
-  const std::string arg = Argument(call);
+  const std::string arg =
+      options_.approvals.empty() ? std::string() : Argument(call, &files_);
   for (const auto& rule : options_.approvals) {
     if (!rule.tool.empty() && rule.tool != call.name) continue;
     bool matches = rule.pattern.empty();

@@ -3,10 +3,12 @@
 
 #include <fcntl.h>
 #include <linux/falloc.h>
+#include <sys/stat.h>
 
 #include <algorithm>
 #include <cinttypes>
 #include <cstdio>
+#include <deque>
 #include <functional>
 #include <sstream>
 #include <string_view>
@@ -268,6 +270,53 @@ ToolResult FileTools::Run(const json& input, bool memory) {
   return bad("unknown command '" + *command + "'; use " +
              (memory ? "view, create, str_replace, insert, delete or rename"
                      : "view, create, str_replace or insert"));
+}
+
+vfs::Path FileTools::Resolve(const vfs::Path& path) const {
+  std::deque<std::string> rest;
+  for (auto c : path.Components()) rest.emplace_back(c);
+  vfs::Path at = path.Parent();
+  while (!at.IsRoot()) at = at.Parent();  // the root
+  int links = 0;
+  while (!rest.empty()) {
+    std::string name = std::move(rest.front());
+    rest.pop_front();
+    if (name.empty() || name == ".") continue;
+    if (name == "..") {
+      at = at.Parent();
+      continue;
+    }
+    auto next = at.Child(name);
+    if (!next) return path;
+    auto st = router_.Stat(caller_, *next);
+    at = *next;
+    if (!st || !S_ISLNK(st->st_mode) || ++links > 40) {
+      if (!st) break;  // from here on, as written
+      continue;
+    }
+    auto target = router_.Readlink(caller_, *next);
+    if (!target || target->empty() || target->front() == '/') continue;
+    at = at.Parent();
+    std::vector<std::string> parts;
+    for (size_t i = 0; i <= target->size();) {
+      size_t slash = target->find('/', i);
+      if (slash == std::string::npos) slash = target->size();
+      parts.push_back(target->substr(i, slash - i));
+      i = slash + 1;
+    }
+    rest.insert(rest.begin(), parts.begin(), parts.end());
+  }
+  for (const auto& name : rest) {
+    if (name.empty() || name == ".") continue;
+    if (name == "..") {
+      at = at.Parent();
+    } else if (auto next = at.Child(name)) {
+      at = *next;
+    } else {
+      return path;
+    }
+  }
+  return at;
 }
 
 ToolResult FileTools::Failure(const vfs::Error& e, const vfs::Path& path,

@@ -48,6 +48,12 @@ class FileTools {
   ToolResult Editor(const nlohmann::json& input);
   ToolResult Memory(const nlohmann::json& input);
 
+  // `path` with the symlinks on its way followed as opening it would (a
+  // relative target, within the view), as far as it exists: what a call
+  // on it will touch, for approval rules. An absolute target, which the
+  // workspace refuses to follow, is left as it is.
+  vfs::Path Resolve(const vfs::Path& path) const;
+
  private:
   ToolResult Run(const nlohmann::json& input, bool memory);
   ToolResult View(const vfs::Path& path, const nlohmann::json& input);

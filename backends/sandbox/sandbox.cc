@@ -1083,8 +1083,11 @@ vfs::Status Sandbox::MapWorkspace() {
                 "idmapped mount");
   std::string target = dir_ + "/ws";
   mkdir(target.c_str(), 0700);
+  // With the mounts inside the workspace (AT_RECURSIVE), each idmapped
+  // too: without them, a bind mount in the workspace looked empty to the
+  // sandbox, and what it wrote there landed hidden under the mount.
   int tree = open_tree(AT_FDCWD, options_.workspace.c_str(),
-                       OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC);
+                       OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC | AT_RECURSIVE);
   int err = 0;
   if (tree < 0) {
     err = errno;
@@ -1092,7 +1095,8 @@ vfs::Status Sandbox::MapWorkspace() {
     mount_attr attr{};
     attr.attr_set = MOUNT_ATTR_IDMAP;
     attr.userns_fd = static_cast<uint64_t>(userns);
-    if (mount_setattr(tree, "", AT_EMPTY_PATH, &attr, sizeof(attr)) != 0 ||
+    if (mount_setattr(tree, "", AT_EMPTY_PATH | AT_RECURSIVE, &attr,
+                      sizeof(attr)) != 0 ||
         move_mount(tree, "", AT_FDCWD, target.c_str(),
                    MOVE_MOUNT_F_EMPTY_PATH) != 0)
       err = errno;
@@ -1103,9 +1107,9 @@ vfs::Status Sandbox::MapWorkspace() {
     return Fail(
         err, "cannot bind the workspace " + options_.workspace +
                  " for the sandbox's uid (an idmapped mount: " + ErrText(err) +
-                 "); put the workspace on a local filesystem such as "
-                 "ext4, xfs, btrfs or tmpfs, or run agentvfs as the "
-                 "workspace's owner instead of root");
+                 "); put the workspace, and any mount inside it, on a local "
+                 "filesystem such as ext4, xfs, btrfs or tmpfs, or run "
+                 "agentvfs as the workspace's owner instead of root");
   workspace_ = target;
   return {};
 }

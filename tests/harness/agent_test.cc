@@ -597,6 +597,45 @@ TEST_F(AgentTest, ToolNamesAndCallIdsReachTheTerminalEscaped) {
               HasSubstr("Nobody approved this call in time"));
 }
 
+// Approval rules see the place a path leads to: a symlink the model made
+// in the workspace does not take a call around a rule on the directory it
+// names.
+TEST_F(AgentTest, ARuleOnAPathHoldsThroughASymlinkToIt) {
+  ASSERT_EQ(mkdir(ws_->Sub("protected").c_str(), 0755), 0);
+  ASSERT_EQ(symlink("protected", ws_->Sub("pp").c_str()), 0);
+  ASSERT_EQ(mkdir(ws_->Sub("other").c_str(), 0755), 0);
+  ASSERT_EQ(symlink("../protected", ws_->Sub("other/up").c_str()), 0);
+  FakeApi api{ToolUse("t1", "str_replace_based_edit_tool",
+                      {{"command", "create"},
+                       {"path", "/workspace/pp/deploy.yml"},
+                       {"file_text", "x"}}),
+              ToolUse("t2", "str_replace_based_edit_tool",
+                      {{"command", "create"},
+                       {"path", "/workspace/other/up/deploy2.yml"},
+                       {"file_text", "x"}}),
+              ToolUse("t3", "str_replace_based_edit_tool",
+                      {{"command", "create"},
+                       {"path", "/workspace/other/free.yml"},
+                       {"file_text", "x"}}),
+              Final("ok")};
+  auto client = Client(api);
+  AgentOptions options;
+  options.approvals = {
+      {"str_replace_based_edit_tool", "^create /workspace/protected"}};
+  std::vector<std::string> asked;
+  options.approve = [&](const std::string& summary) {
+    asked.push_back(summary);
+    return false;
+  };
+  auto out = MakeAgent(*client, options).Start("Go.");
+  ASSERT_TRUE(out.has_value()) << out.error().message;
+  ASSERT_EQ(asked.size(), 2u);
+  EXPECT_THAT(asked[0], HasSubstr("/workspace/protected/deploy.yml"));
+  EXPECT_THAT(asked[1], HasSubstr("/workspace/protected/deploy2.yml"));
+  EXPECT_FALSE(ReadFile(ws_->Sub("protected/deploy.yml")).has_value());
+  EXPECT_EQ(ReadFile(ws_->Sub("other/free.yml")), "x");
+}
+
 // Call ids come from the model's server; an answer given to an earlier
 // call with the same id does not approve a later one.
 TEST_F(AgentTest, AnAnswerToAnEarlierCallWithTheSameIdApprovesNothingElse) {

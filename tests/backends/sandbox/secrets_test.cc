@@ -16,6 +16,7 @@
 
 #include "backends/sandbox/sandbox.h"
 #include "backends/store/engine.h"
+#include "tests/support/files.h"
 #include "tests/support/mount_fixture.h"
 #include "tests/support/result_matchers.h"
 
@@ -139,9 +140,27 @@ TEST_F(SandboxSecretsTest,
 
 TEST_F(SandboxSecretsTest,
        ABindOfAnotherDirectoryOfTheSameFilesystemIsAllowed) {
+  std::ofstream(dir_.Sub("elsewhere/input.csv")) << "a,b\n";
   BindMount bind(dir_.Sub("elsewhere"), dir_.Sub("ws/sub"));
   ASSERT_TRUE(bind.ok());
   EXPECT_OK(Create(dir_.Sub("ws")));
+  // The sandbox sees what is mounted there, and writes land in it (the
+  // idmapped bind of the workspace once showed the directory under it).
+  sandbox::SandboxOptions o;
+  o.workspace = dir_.Sub("ws");
+  o.state_dir = dir_.Sub("state");
+  o.secret_paths = {db_};
+  ASSERT_OK_AND_ASSIGN(auto sb, sandbox::Sandbox::Create(o));
+  sandbox::Command c;
+  c.argv = {"sh", "-c",
+            "cat /workspace/sub/input.csv && echo out > "
+            "/workspace/sub/output.csv"};
+  auto r = sb->Run(c);
+  sb->Close();
+  ASSERT_OK(r);
+  EXPECT_EQ(r->exit_code, 0) << r->err.text;
+  EXPECT_EQ(r->out.text, "a,b\n");
+  EXPECT_EQ(ReadFile(dir_.Sub("elsewhere/output.csv")), "out\n");
 }
 
 TEST_F(SandboxSecretsTest, AStoreWithAnotherHardLinkIsRefused) {
