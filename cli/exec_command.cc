@@ -158,6 +158,12 @@ int RunInSandbox(const ExecArgs& a, bool interactive) {
 
   auto sb = sandbox::Sandbox::Create(options);
   if (!sb) return Report(cmd_name, sb.error());
+  if (!a.memory.empty() && !(*sb)->has_memory_cgroup())
+    std::cerr << "agentvfs " << cmd_name
+              << ": warning: no memory cgroup here (run as root on cgroup "
+                 "v2 for one): --memory limits each process's own data "
+                 "only, not shared memory (/dev/shm, memfd) nor the sandbox "
+                 "as a whole\n";
   signals.SetTarget(sb->get());
   if (signals.signal() != 0) {  // interrupted while the session was made
     signals.SetTarget(nullptr);

@@ -94,8 +94,8 @@ void AddSkillsList(CLI::App* skills, int* exit_code) {
             if (!info) {
               // A folder without a readable, valid SKILL.md is not a skill;
               // say why, and go on listing the others.
-              std::cerr << "agentvfs skills list: skipping " << dir->str()
-                        << ": " << info.error().message << "\n";
+              std::cerr << "agentvfs skills list: skipping "
+                        << ForTerminal(info.error().message) << "\n";
               continue;
             }
             std::cout << info->name << ": " << FirstLine(info->description)

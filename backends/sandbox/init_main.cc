@@ -157,7 +157,10 @@ void StartCommand(const json& req, std::vector<int>& fds) {
     SetLimit(RLIMIT_FSIZE, limits, "file_size");
     SetLimit(RLIMIT_NOFILE, limits, "open_files");
     if (chdir(cwd.c_str()) != 0) {
-      ChildFail(report[1], errno, "cannot change to directory " + cwd);
+      const int err = errno;
+      ChildFail(
+          report[1], err,
+          "cannot change to directory " + cwd + ": " + std::strerror(err));
     }
     std::vector<char*> cargv, cenv;
     for (auto& a : argv) cargv.push_back(a.data());

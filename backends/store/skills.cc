@@ -1562,7 +1562,12 @@ vfs::Result<SkillInfo> ReadSkillInfo(vfs::Backend& backend,
   auto md = skill_dir.Child(kSkillMd);
   if (!md) return Unexpected(md.error());
   auto handle = backend.Open(caller, *md, O_RDONLY | O_NOFOLLOW, 0);
-  if (!handle) return Unexpected(handle.error());
+  if (!handle) {
+    if (handle.error().code == ENOENT)
+      return Fail(ENOENT, skill_dir.str() + ": holds no " +
+                              std::string(kSkillMd) + " (not a skill)");
+    return WithContext(handle.error(), "open " + md->str());
+  }
   std::string text;
   std::vector<char> buf(size_t{64} << 10);
   if (auto s = ReadHandle(**handle, buf, kMaxSkillMdReadBytes,

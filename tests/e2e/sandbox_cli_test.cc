@@ -127,6 +127,10 @@ TEST_F(SandboxCliTest, ExecReportsTimeoutsSignalsAndBadInput) {
     EXPECT_EQ(z.exit_status, 2) << zero[0] << " " << zero[1];
     EXPECT_THAT(z.output, HasSubstr(zero[0])) << z.output;
   }
+  auto nodir = Exec({"true"}, {"--cwd", "/workspace/no-such-dir"});
+  EXPECT_NE(nodir.exit_status, 0);
+  EXPECT_THAT(nodir.output, HasSubstr("cannot change to directory "
+                                      "/workspace/no-such-dir: No such file"));
   auto outside = Exec({"true"}, {"--cwd", "/etc"});
   EXPECT_EQ(outside.exit_status, 2);
   EXPECT_THAT(outside.output, HasSubstr("outside the view"));

@@ -645,6 +645,17 @@ TEST_F(StoreCliTest, SkillsImportListAndExportRoundTrip) {
                 "hello: Say hello twice.",
                 "pdf-tools: Extract text and tables from PDF files."}));
   EXPECT_EQ(History(dev, "/skills/hello/SKILL.md").size(), 2u);
+
+  // A folder of /skills without SKILL.md is skipped, saying so.
+  const std::string notes = work_->Sub("notes");
+  std::filesystem::create_directories(notes);
+  ASSERT_TRUE(WriteFile(notes + "/readme.md", "notes\n"));
+  MustAs(lead, {"import", notes, "/skills/notes"});
+  CommandResult listed = As(dev, {"skills", "list"});
+  EXPECT_EQ(listed.exit_status, 0) << listed.output;
+  EXPECT_TRUE(
+      Contains(listed.output, "skipping /skills/notes: holds no SKILL.md"))
+      << listed.output;
 }
 
 TEST_F(StoreCliTest, SkillsImportRejectsABadSkillAndImportsNothing) {
