@@ -13,6 +13,7 @@
 #include "backends/store/auth.h"
 #include "backends/store/skills.h"
 #include "backends/store/store.h"
+#include "cli/signal_guard.h"
 #include "cli/store_access.h"
 
 namespace agentvfs::cli {
@@ -133,18 +134,31 @@ void AddExport(CLI::App& app, int* exit_code) {
       *exit_code = Report("export", src.error());
       return;
     }
+    // Ctrl-C or a TERM stops the copy between pieces, so that a new
+    // directory is removed again and no temporary file is left (before
+    // any thread starts: the guard's thread must be the one to get them).
+    SignalGuard signals;
     *exit_code = RunAsUser(
         "export", a->store, "cli", [&](StoreSession& s) -> vfs::Status {
           store::ExportOptions options;
           options.into_non_empty = a->merge;
+          options.stopped = [&signals] { return signals.signal() != 0; };
           // A failed export removes the directory it made (and only that).
           auto ok = store::ExportTree(*s.backend, s.caller, *src, a->host_dir,
                                       options);
+          if (!ok && ok.error().code == EINTR)
+            return vfs::Fail(EINTR, a->merge
+                                        ? "interrupted: what was copied stays; "
+                                          "run the export again with --merge "
+                                          "to finish"
+                                        : "interrupted: the directory it made "
+                                          "was removed again");
           if (!ok) return ok;
           std::cout << "exported " << src->str() << " to " << a->host_dir
                     << "\n";
           return {};
         });
+    if (signals.signal() != 0) *exit_code = 128 + signals.signal();
   });
 }
 
@@ -176,17 +190,25 @@ void AddImport(CLI::App& app, int* exit_code) {
       *exit_code = Report("import", dest.error());
       return;
     }
+    SignalGuard signals;  // as for export
     *exit_code = RunAsUser(
         "import", a->store, "cli-import", [&](StoreSession& s) -> vfs::Status {
           store::ImportOptions options;
           options.remove_extra = a->remove_extra;
+          options.stopped = [&signals] { return signals.signal() != 0; };
           auto ok = store::ImportTree(*s.backend, s.caller, a->host_dir, *dest,
                                       options);
+          if (!ok && ok.error().code == EINTR)
+            return vfs::Fail(EINTR,
+                             "interrupted: the files copied before it are in "
+                             "the store, the one being copied is as it was; "
+                             "run the import again to finish");
           if (!ok) return ok;
           std::cout << "imported " << a->host_dir << " into " << dest->str()
                     << "\n";
           return {};
         });
+    if (signals.signal() != 0) *exit_code = 128 + signals.signal();
   });
 }
 

@@ -856,6 +856,8 @@ class Importer {
     }
 
     for (const HostEntry& e : *entries) {
+      if (options_.stopped && options_.stopped())
+        return Fail(EINTR, "import interrupted");
       std::string child_shown = JoinHost(shown, e.name);
       auto child = dest.Child(e.name);
       if (!child) return WithContext(child.error(), child_shown);
@@ -946,6 +948,8 @@ class Importer {
     } discard{**handle};
     off_t offset = 0;
     for (;;) {
+      if (options_.stopped && options_.stopped())
+        return Fail(EINTR, "import interrupted");
       ssize_t n = read(in.get(), buf_.data(), buf_.size());
       if (n < 0 && errno == EINTR) continue;
       if (n < 0) return HostErrno("read", shown);
@@ -1107,18 +1111,33 @@ mode_t CurrentUmask() {
 // Exported files and directories get the store's modes less the umask, as
 // tar does for a user who is not root: who may write a skill in the store
 // does not decide that the copy in someone's home is writable by everyone.
+// The name of an entry an export is making, before it is renamed into
+// place.
+constexpr std::string_view kTempPrefix = ".agentvfs-export-";
+
 class Exporter {
  public:
-  Exporter(vfs::Backend& backend, const vfs::Caller& caller, mode_t umask)
-      : backend_(backend), caller_(caller), umask_(umask) {}
+  Exporter(vfs::Backend& backend, const vfs::Caller& caller, mode_t umask,
+           std::function<bool()> stopped)
+      : backend_(backend),
+        caller_(caller),
+        umask_(umask),
+        stopped_(std::move(stopped)) {}
 
   // The host directory exported into is on a FUSE mount, with this inode
   // number: a store directory with the same is that directory (SelfCheck).
   void ExportingInto(ino_t ino) { into_ = ino; }
 
   // Copies the entries of the backend directory `src` into the host
-  // directory open at `dirfd` (shown as `shown`).
+  // directory open at `dirfd` (shown as `shown`). Temporary files an
+  // export killed there left behind (kTempPrefix) are removed: a merge
+  // into the directory of an interrupted export kept 190 MB of them.
   Status CopyDir(const Path& src, int dirfd, const std::string& shown) {
+    if (auto here = ListHostDir(dirfd, shown)) {
+      for (const HostEntry& e : *here)
+        if (e.name.starts_with(kTempPrefix) && S_ISREG(e.st.st_mode))
+          unlinkat(dirfd, e.name.c_str(), 0);
+    }
     auto listed = backend_.ReadDir(caller_, src);
     if (!listed) return WithContext(listed.error(), "list " + src.str());
     std::sort(listed->begin(), listed->end(),
@@ -1126,6 +1145,7 @@ class Exporter {
                 return a.name < b.name;
               });
     for (const vfs::DirEntry& d : *listed) {
+      if (stopped_ && stopped_()) return Fail(EINTR, "export interrupted");
       auto child = src.Child(d.name);
       if (!child) return WithContext(child.error(), src.str());
       auto attr = backend_.Stat(caller_, *child);
@@ -1223,6 +1243,8 @@ class Exporter {
     off_t size = 0;
     if (auto s = ReadHandle(**handle, buf_, SIZE_MAX,
                             [&](std::string_view piece) -> Status {
+                              if (stopped_ && stopped_())
+                                return Fail(EINTR, "export interrupted");
                               const off_t at = size;
                               size += static_cast<off_t>(piece.size());
                               if (AllZero(piece)) return {};
@@ -1247,7 +1269,7 @@ class Exporter {
       std::random_device random;
       char hex[17];
       std::snprintf(hex, sizeof hex, "%08x%08x", random(), random());
-      name_ = std::string(".agentvfs-export-") + hex;
+      name_ = std::string(kTempPrefix) + hex;
     }
     TempName(const TempName&) = delete;
     TempName& operator=(const TempName&) = delete;
@@ -1274,6 +1296,7 @@ class Exporter {
   const vfs::Caller& caller_;
   mode_t umask_;
   ino_t into_ = 0;
+  std::function<bool()> stopped_;
   std::vector<char> buf_ = std::vector<char>(kCopyPieceBytes);
 };
 
@@ -1463,12 +1486,12 @@ vfs::Status ExportTree(vfs::Backend& backend, const vfs::Caller& caller,
       if (!entries->empty()) {
         return Fail(EEXIST, host_dir +
                                 ": is not empty; export into a new or empty "
-                                "directory, or ask to merge into this one");
+                                "directory, or merge into this one (--merge)");
       }
     }
     if (auto s = MakeHostDirWritable(root.get(), host_dir); !s) return s;
     const mode_t umask = CurrentUmask();
-    Exporter exporter(backend, caller, umask);
+    Exporter exporter(backend, caller, umask, options.stopped);
     if (OnFuse(root.get())) exporter.ExportingInto(top.st_ino);
     if (auto s = exporter.CopyDir(src, root.get(), host_dir); !s) return s;
     // A directory merged into keeps its own mode; a new or empty one gets

@@ -125,6 +125,9 @@ struct ImportOptions {
   // (a directory where the source has a file) is refused (EINVAL, naming
   // each) before anything is written; with true it is replaced.
   bool remove_extra = true;
+  // Asked between files and pieces: true stops the copy (EINTR), leaving
+  // the file being copied as it was (SIGINT, SIGTERM of the command).
+  std::function<bool()> stopped;
 };
 
 // Copies the host directory `host_dir` into `backend` at `dest`: `dest` is
@@ -146,6 +149,9 @@ struct ExportOptions {
   // same-named directories are merged, other entries are kept. Without it,
   // a non-empty `host_dir` is EEXIST and nothing is written.
   bool into_non_empty = false;
+  // As ImportOptions::stopped; a stopped export into a directory it made
+  // removes it, like a failed one.
+  std::function<bool()> stopped;
 };
 
 // Copies the directory `src` of `backend` to the host directory `host_dir`,

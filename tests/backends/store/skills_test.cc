@@ -14,6 +14,7 @@
 #include <algorithm>
 #include <climits>
 #include <cstdio>
+#include <filesystem>
 #include <map>
 #include <memory>
 #include <random>
@@ -407,7 +408,7 @@ class RecordingBackend final : public vfs::Backend {
 
   size_t max_write = 0, max_read = 0, writes = 0, flushes = 0;
   size_t opens_for_write_without_trunc = 0;
-  std::string fail_open;  // a path whose Open fails with EIO
+  std::string fail_open;               // a path whose Open fails with EIO
   size_t fail_write_after = SIZE_MAX;  // later Writes fail with EIO
 
   vfs::Result<vfs::Attr> Stat(const vfs::Caller& c,
@@ -833,6 +834,34 @@ TEST_F(SkillsTest, ImportWithoutDeleteRefusesToReplaceAnEntryOfAnotherType) {
   EXPECT_EQ(ReadFile(store_.Sub("t/X")), "a file now\n");
 }
 
+// An export asked to stop (Ctrl-C of the command) stops between pieces;
+// into a directory it made, it removes it, leaving no temporary file. A
+// merge removes the temporary files a killed export left.
+TEST_F(SkillsTest, AStoppedExportLeavesNothingHalfDone) {
+  std::string src = host_.Sub("sample");
+  BuildSampleTree(src);
+  ASSERT_OK(ImportTree(router_, caller_, src, P("/skills/sample")));
+  for (int after : {1, 3, 6}) {
+    int asked = 0;
+    ExportOptions stop;
+    stop.stopped = [&] { return ++asked > after; };
+    auto r = ExportTree(router_, caller_, P("/skills/sample"),
+                        out_.Sub("stopped"), stop);
+    ASSERT_ERRNO(r, EINTR);
+    EXPECT_FALSE(std::filesystem::exists(out_.Sub("stopped"))) << after;
+  }
+  // A merge into a directory with a killed export's temporary file.
+  ASSERT_EQ(mkdir(out_.Sub("merged").c_str(), 0755), 0);
+  ASSERT_TRUE(WriteFile(out_.Sub("merged/.agentvfs-export-0123abcd"), "x"));
+  ExportOptions merge;
+  merge.into_non_empty = true;
+  ASSERT_OK(ExportTree(router_, caller_, P("/skills/sample"),
+                       out_.Sub("merged"), merge));
+  EXPECT_FALSE(
+      std::filesystem::exists(out_.Sub("merged/.agentvfs-export-0123abcd")));
+  EXPECT_TRUE(SameTree(src, out_.Sub("merged")));
+}
+
 TEST_F(SkillsTest, HostSymlinksLeavingTheTreeAreCopiedNotFollowed) {
   TempDir outside("agentvfs-skills-outside");
   ASSERT_TRUE(WriteFile(outside.Sub("secret.txt"), "top secret\n"));
@@ -1170,6 +1199,38 @@ TEST(SkillsStoreTest, AnImportThatFailsPartWayLeavesTheFileAsItWas) {
   EXPECT_ERRNO(ImportTree(failing, admin, host.Sub("kit"),
                           *vfs::Path::Parse("/skills/kit")),
                EIO);
+  ASSERT_OK_AND_ASSIGN(auto history, backend->History(admin, big));
+  EXPECT_EQ(history.size(), 1u);
+  ASSERT_OK_AND_ASSIGN(auto f, backend->Open(admin, big, O_RDONLY, 0));
+  std::string got(first.size() + 1, '\0');
+  ASSERT_OK_AND_ASSIGN(auto n, f->Read(got.data(), got.size(), 0));
+  got.resize(n);
+  EXPECT_TRUE(got == first) << "size " << got.size();
+}
+
+// An import asked to stop in the middle of a file commits nothing of it:
+// the file keeps its version.
+TEST(SkillsStoreTest, AStoppedImportLeavesTheFileAsItWas) {
+  ASSERT_OK_AND_ASSIGN(auto fx, testing::StoreFixture::Create({"alice"}));
+  auto backend = fx->OpenBackend();
+  ASSERT_NE(backend, nullptr);
+  const vfs::Caller admin = fx->CallerFor("admin");
+  TempDir host("agentvfs-skills-stopped");
+  ASSERT_EQ(mkdir(host.Sub("kit").c_str(), 0755), 0);
+  const std::string first(3 * kCopyPieceBytes, 'x');
+  ASSERT_TRUE(WriteFile(host.Sub("kit/big.md"), first));
+  const vfs::Path big = *vfs::Path::Parse("/skills/kit/big.md");
+  ASSERT_OK(ImportTree(*backend, admin, host.Sub("kit"),
+                       *vfs::Path::Parse("/skills/kit")));
+  ASSERT_TRUE(
+      WriteFile(host.Sub("kit/big.md"), std::string(3 * kCopyPieceBytes, 'y')));
+  int asked = 0;
+  ImportOptions stop;
+  stop.stopped = [&] { return ++asked > 2; };  // after the first piece
+  EXPECT_ERRNO(ImportTree(*backend, admin, host.Sub("kit"),
+                          *vfs::Path::Parse("/skills/kit"), stop),
+               EINTR);
+  EXPECT_EQ(asked, 3);
   ASSERT_OK_AND_ASSIGN(auto history, backend->History(admin, big));
   EXPECT_EQ(history.size(), 1u);
   ASSERT_OK_AND_ASSIGN(auto f, backend->Open(admin, big, O_RDONLY, 0));
