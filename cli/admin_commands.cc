@@ -75,12 +75,16 @@ int RunMigrate(const std::string& from_name, const std::string& to_name) {
   if (!copied) return Report("migrate", copied.error());
   auto verified = store::VerifyCopy(**from, **to);
   if (!verified) return Report("migrate", verified.error());
-  std::cout << std::left << std::setw(10) << "TABLE" << std::right
-            << std::setw(12) << "ROWS" << "  DIGEST\n";
+  // As wide as the longest table name (inline_bytes is 12).
+  size_t width = 5;
+  for (const auto& t : *verified) width = std::max(width, t.table.size());
+  std::cout << std::left << std::setw(static_cast<int>(width + 1)) << "TABLE"
+            << std::right << std::setw(12) << "ROWS"
+            << "  DIGEST\n";
   for (const auto& t : *verified) {
-    std::cout << std::left << std::setw(10) << t.table << std::right
-              << std::setw(12) << t.rows << "  " << t.digest.substr(0, 16)
-              << "\n";
+    std::cout << std::left << std::setw(static_cast<int>(width + 1)) << t.table
+              << std::right << std::setw(12) << t.rows << "  "
+              << t.digest.substr(0, 16) << "\n";
   }
   std::cout << "verified: every table of " << (*to)->Describe()
             << " holds the same rows as " << (*from)->Describe() << "\n";

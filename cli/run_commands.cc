@@ -319,17 +319,28 @@ int Sessions(const RunArgs& a) {
         std::printf("%-28s %-8s %-19s %6s %10s %10s %10s  %s\n", "SESSION",
                     "STATE", "STARTED (UTC)", "STEPS", "IN", "OUT", "COST",
                     "TASK");
+        bool died = false;
         for (const auto& i : *list) {
-          std::string task = i.task.substr(0, 50);
-          for (char& c : task)
-            if (c == '\n') c = ' ';
+          std::string task = ForTerminal(i.task.substr(0, 50));
+          // A session recorded as running or waiting whose harness is gone
+          // (kill -9, a crash) is not running: say so.
+          std::string state = i.state;
+          if ((state == "running" || state == "waiting") &&
+              !harness::HarnessAlive(i)) {
+            state = "died";
+            died = true;
+          }
           std::printf("%-28s %-8s %-19s %6lld %10lld %10lld %10s  %s\n",
-                      i.id.c_str(), i.state.c_str(), When(i.created_ns).c_str(),
+                      i.id.c_str(), state.c_str(), When(i.created_ns).c_str(),
                       static_cast<long long>(i.steps),
                       static_cast<long long>(i.input_tokens),
                       static_cast<long long>(i.output_tokens),
                       Dollars(i.cost_micros).c_str(), task.c_str());
         }
+        if (died)
+          std::printf(
+              "(died: its harness stopped without recording it; "
+              "`agentvfs resume SESSION` goes on)\n");
         return {};
       });
 }

@@ -662,6 +662,12 @@ bool OwnerAlive(const std::string& stamp) {
   return false;
 }
 
+bool HarnessAlive(const SessionInfo& s) {
+  auto owner = s.config.find("owner");
+  if (owner == s.config.end() || !owner->is_string()) return true;
+  return OwnerAlive(owner->get<std::string>());
+}
+
 vfs::Result<Outcome> Agent::Start(const std::string& task) {
   run_started_ = std::chrono::steady_clock::now();
   session_.config["owner"] = OwnerStamp();

@@ -87,6 +87,11 @@ vfs::Status RecordApproval(SessionLog& log, const std::string& user,
                            const std::string& id, const std::string& call,
                            bool yes);
 
+// Whether the harness process that last ran session `s` (its owner stamp:
+// host, pid, start time) still runs; true when it cannot tell (another
+// host) or the session has no owner.
+bool HarnessAlive(const SessionInfo& s);
+
 // `s` for a terminal, lines kept: control characters other than newline
 // and tab (an escape sequence in a model's text or a command's output) are
 // written as \xNN, and a backslash is doubled.

@@ -323,6 +323,11 @@ ToolResult FileTools::Failure(const vfs::Error& e, const vfs::Path& path,
                               const vfs::Path* other) const {
   std::string message = AsTheModelSeesIt(e.message, path);
   if (other != nullptr) message = AsTheModelSeesIt(message, *other);
+  // Every error names the path it is about (the store's "no such file or
+  // directory" for a hidden one did not).
+  if (!message.empty() && message.find(path.str()) == std::string::npos &&
+      (other == nullptr || message.find(other->str()) == std::string::npos))
+    message = path.str() + ": " + message;
   std::string text = "Error: " + message;
   if (message.empty()) text += vfs::ErrnoName(e.code) + " on " + path.str();
   // A write conflict in the store (another session writes the file, or

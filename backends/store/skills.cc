@@ -100,6 +100,36 @@ size_t CountChars(std::string_view s) {
   }));
 }
 
+// The offset of the first byte of `s` that is not part of valid UTF-8
+// (overlong forms, surrogates and values past U+10FFFF included), or npos.
+size_t InvalidUtf8At(std::string_view s) {
+  size_t i = 0;
+  while (i < s.size()) {
+    const auto b = static_cast<unsigned char>(s[i]);
+    if (b < 0x80) {
+      ++i;
+      continue;
+    }
+    // Continuation bytes that follow a lead byte: 1, 2 or 3.
+    const size_t n = (b >> 5) == 6    ? 1
+                     : (b >> 4) == 14 ? 2
+                     : (b >> 3) == 30 ? 3
+                                      : 0;
+    if (n == 0 || (n == 1 && b < 0xC2) || i + n >= s.size()) return i;
+    uint32_t cp = b & (0x3F >> n);
+    for (size_t k = 1; k <= n; ++k) {
+      const auto c = static_cast<unsigned char>(s[i + k]);
+      if ((c & 0xC0) != 0x80) return i;
+      cp = (cp << 6) | (c & 0x3F);
+    }
+    if ((n == 2 && (cp < 0x800 || (cp >= 0xD800 && cp <= 0xDFFF))) ||
+        (n == 3 && (cp < 0x10000 || cp > 0x10FFFF)))
+      return i;
+    i += n + 1;
+  }
+  return std::string_view::npos;
+}
+
 std::string TypeName(mode_t mode) {
   switch (mode & S_IFMT) {
     case S_IFREG:
@@ -331,6 +361,14 @@ class FieldChecker {
 
   void CheckLength(std::string_view name, std::string_view value,
                    size_t max_chars) {
+    if (size_t bad = InvalidUtf8At(value); bad != std::string_view::npos) {
+      char hex[8];
+      std::snprintf(hex, sizeof hex, "0x%02X",
+                    static_cast<unsigned char>(value[bad]));
+      problems_.Add(Field(name) + "must be UTF-8 text (byte " + hex +
+                    " at offset " + std::to_string(bad) + " is not)");
+      return;
+    }
     size_t chars = CountChars(value);
     if (chars > max_chars) {
       problems_.Add(Field(name) + "must be at most " +
@@ -781,10 +819,12 @@ class Importer {
   Result<bool> PrepareTop(const Path& dest) {
     auto attr = backend_.Stat(caller_, dest);
     if (!attr && attr.error().code == ENOENT) {
-      if (auto s = backend_.Mkdir(caller_, dest, S_IRWXU); !s) {
-        return WithContext(s.error(), "create " + dest.str());
-      }
-      return true;
+      auto made = backend_.Mkdir(caller_, dest, S_IRWXU);
+      if (made) return true;
+      // Made meanwhile (another import of the same tree): fill it too.
+      if (made.error().code != EEXIST)
+        return WithContext(made.error(), "create " + dest.str());
+      attr = backend_.Stat(caller_, dest);
     }
     if (!attr) return WithContext(attr.error(), "stat " + dest.str());
     if (!S_ISDIR(attr->st_mode)) {

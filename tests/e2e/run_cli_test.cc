@@ -197,7 +197,9 @@ TEST_F(RunCliTest, AHarnessKilledDuringACallResumesWithoutRunningItTwice) {
   waitpid(child, &status, 0);
   auto list = Agentvfs({"sessions"});
   std::string id = list.output.substr(list.output.find("\nrun-") + 1, 20);
-  EXPECT_THAT(list.output, HasSubstr("running"));
+  // Recorded as running, but its harness is gone: listed as died.
+  EXPECT_THAT(list.output, HasSubstr(" died "));
+  EXPECT_THAT(list.output, HasSubstr("`agentvfs resume SESSION` goes on"));
   auto resumed = Agentvfs({"resume", id}, &api);
   EXPECT_EQ(resumed.exit_status, 0) << resumed.output;
   EXPECT_FALSE(testing::ReadFile(ws_->Sub("finished")).has_value());

@@ -409,6 +409,8 @@ TEST_F(FileToolsTest, GrantsApplyAsForEveryOtherEntryPoint) {
   EXPECT_THAT(r.text, HasSubstr("Here are the files"));  // it was listed
   r = Mem({{"command", "view"}, {"path", "/memories/users/bob/private.md"}});
   EXPECT_THAT(r.text, HasSubstr("no such file"));
+  // The error names the path, as every other does.
+  EXPECT_THAT(r.text, HasSubstr("/memories/users/bob/private.md"));
   // /skills exists and is readable, not writable, for alice.
   r = Edit(
       {{"command", "create"}, {"path", "/skills/mine.md"}, {"file_text", "x"}});

@@ -259,6 +259,19 @@ TEST(SkillMd, AcceptsCrlfLinesAndByteOrderMark) {
       "pdf", kFile));
 }
 
+// Text fields are UTF-8, as YAML is: a description with a stray byte was
+// accepted (and reached prompts and terminals).
+TEST(SkillMd, RejectsTextThatIsNotUtf8) {
+  EXPECT_TRUE(
+      RejectedWith(Parse("name: pdf\ndescription: caf\xe9 menu\n"),
+                   "field 'description': must be UTF-8 text (byte 0xE9 at "
+                   "offset 3 is not)"));
+  EXPECT_TRUE(RejectedWith(
+      Parse("name: pdf\ndescription: ok\ncompatibility: \xed\xa0\x80\n"),
+      "field 'compatibility': must be UTF-8 text"));  // a surrogate
+  EXPECT_OK(Parse("name: pdf\ndescription: caf\xc3\xa9 \xf0\x9f\x93\x84\n"));
+}
+
 TEST(SkillMd, EscapesControlCharactersInMessages) {
   auto r = Parse("name: \"a\\nb\"\n" + kDesc);
   EXPECT_TRUE(RejectedWith(r, "(got \"a\\x0ab\")"));
