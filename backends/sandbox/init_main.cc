@@ -157,10 +157,12 @@ void StartCommand(const json& req, std::vector<int>& fds) {
     SetLimit(RLIMIT_FSIZE, limits, "file_size");
     SetLimit(RLIMIT_NOFILE, limits, "open_files");
     if (chdir(cwd.c_str()) != 0) {
+      // No heap from here on (see below): the limits may leave none.
       const int err = errno;
-      ChildFail(
-          report[1], err,
-          "cannot change to directory " + cwd + ": " + std::strerror(err));
+      char why[1024];
+      std::snprintf(why, sizeof why, "cannot change to directory %s: %s",
+                    cwd.c_str(), std::strerror(err));
+      ChildFailText(report[1], err, why);
     }
     std::vector<char*> cargv, cenv;
     for (auto& a : argv) cargv.push_back(a.data());
