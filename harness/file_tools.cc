@@ -275,9 +275,9 @@ ToolResult FileTools::Run(const json& input, bool memory) {
 vfs::Path FileTools::Resolve(const vfs::Path& path) const {
   std::deque<std::string> rest;
   for (auto c : path.Components()) rest.emplace_back(c);
-  vfs::Path at = path.Parent();
-  while (!at.IsRoot()) at = at.Parent();  // the root
+  vfs::Path at;  // the root
   int links = 0;
+  bool exists = true;  // past a missing name the rest is taken as written
   while (!rest.empty()) {
     std::string name = std::move(rest.front());
     rest.pop_front();
@@ -288,13 +288,12 @@ vfs::Path FileTools::Resolve(const vfs::Path& path) const {
     }
     auto next = at.Child(name);
     if (!next) return path;
-    auto st = router_.Stat(caller_, *next);
     at = *next;
-    if (!st || !S_ISLNK(st->st_mode) || ++links > 40) {
-      if (!st) break;  // from here on, as written
-      continue;
-    }
-    auto target = router_.Readlink(caller_, *next);
+    if (!exists) continue;
+    auto st = router_.Stat(caller_, at);
+    exists = st.has_value();
+    if (!exists || !S_ISLNK(st->st_mode) || ++links > 40) continue;
+    auto target = router_.Readlink(caller_, at);
     if (!target || target->empty() || target->front() == '/') continue;
     at = at.Parent();
     std::vector<std::string> parts;
@@ -305,16 +304,6 @@ vfs::Path FileTools::Resolve(const vfs::Path& path) const {
       i = slash + 1;
     }
     rest.insert(rest.begin(), parts.begin(), parts.end());
-  }
-  for (const auto& name : rest) {
-    if (name.empty() || name == ".") continue;
-    if (name == "..") {
-      at = at.Parent();
-    } else if (auto next = at.Child(name)) {
-      at = *next;
-    } else {
-      return path;
-    }
   }
   return at;
 }

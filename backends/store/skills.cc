@@ -1025,7 +1025,8 @@ class Importer {
   Result<bool> SameBytes(int fd, const std::string& shown, const Path& dest) {
     auto handle = backend_.Open(caller_, dest, O_RDONLY | O_NOFOLLOW);
     if (!handle) return WithContext(handle.error(), "open " + dest.str());
-    std::vector<char> theirs(buf_.size());
+    std::vector<char>& theirs = theirs_;
+    theirs.resize(buf_.size());  // allocated once per import
     for (off_t offset = 0;;) {
       ssize_t n = pread(fd, buf_.data(), buf_.size(), offset);
       if (n < 0 && errno == EINTR) continue;
@@ -1132,6 +1133,7 @@ class Importer {
   const vfs::Caller& caller_;
   const ImportOptions& options_;
   std::vector<char> buf_ = std::vector<char>(kCopyPieceBytes);
+  std::vector<char> theirs_;  // the store's side of SameBytes
 };
 
 // One ExportTree call: backend tree -> host.
@@ -1431,13 +1433,20 @@ vfs::Status ImportOpenTree(vfs::Backend& backend, const vfs::Caller& caller,
                            int root, const std::string& host_dir,
                            const vfs::Path& dest,
                            const ImportOptions& options) {
-  // Refuse special files before writing anything.
+  // Refuse special files before writing anything, and, when the source is
+  // seen through a mount, a source holding the destination.
+  SelfCheck self{dest, 0, OnFuse(root)};
+  if (self.host_is_fuse) {
+    if (auto attr = backend.Stat(caller, dest)) self.ino = attr->st_ino;
+  }
   Problems problems;
-  if (auto s = ScanHostTree(root, host_dir, problems); !s) return s;
+  if (auto s = ScanHostTree(root, host_dir, problems, -1,
+                            self.ino != 0 ? &self : nullptr);
+      !s)
+    return s;
   if (!problems.empty()) return Unexpected(problems.ToError());
   struct stat st;
   if (fstat(root, &st) != 0) return HostErrno("stat", host_dir);
-  SelfCheck self{dest, 0, OnFuse(root)};
 
   Importer importer(backend, caller, options);
   // Without remove_extra nothing of the store is removed: an entry whose
@@ -1451,15 +1460,15 @@ vfs::Status ImportOpenTree(vfs::Backend& backend, const vfs::Caller& caller,
   }
   auto created = importer.PrepareTop(dest);
   if (!created) return Unexpected(created.error());
-  if (self.host_is_fuse) {
-    // The destination (made now or not) must not be inside the source.
+  if (*created && self.host_is_fuse) {
+    // The destination made now must not be inside the source either.
     auto attr = backend.Stat(caller, dest);
     if (!attr) return WithContext(attr.error(), "stat " + dest.str());
     self.ino = attr->st_ino;
     if (auto s = ScanHostTree(root, host_dir, problems, -1, &self); !s)
       return s;
     if (!problems.empty()) {
-      if (*created) (void)backend.Rmdir(caller, dest);
+      (void)backend.Rmdir(caller, dest);
       return Unexpected(problems.ToError());
     }
   }

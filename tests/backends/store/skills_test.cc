@@ -1190,6 +1190,18 @@ TEST_F(SkillsTest, ReadInPiecesDeliversTheWholeFile) {
   EXPECT_TRUE(got == data);
 }
 
+// `path` has one version, holding `content`.
+void ExpectOnlyVersion(StoreBackend& backend, const vfs::Caller& caller,
+                       const vfs::Path& path, const std::string& content) {
+  ASSERT_OK_AND_ASSIGN(auto history, backend.History(caller, path));
+  EXPECT_EQ(history.size(), 1u);
+  ASSERT_OK_AND_ASSIGN(auto f, backend.Open(caller, path, O_RDONLY, 0));
+  std::string got(content.size() + 1, '\0');
+  ASSERT_OK_AND_ASSIGN(auto n, f->Read(got.data(), got.size(), 0));
+  got.resize(n);
+  EXPECT_TRUE(got == content) << "size " << got.size();
+}
+
 // A copy into the store that fails part-way commits nothing of the file
 // it was writing: the file keeps the version it had, never a truncated one.
 TEST(SkillsStoreTest, AnImportThatFailsPartWayLeavesTheFileAsItWas) {
@@ -1212,13 +1224,7 @@ TEST(SkillsStoreTest, AnImportThatFailsPartWayLeavesTheFileAsItWas) {
   EXPECT_ERRNO(ImportTree(failing, admin, host.Sub("kit"),
                           *vfs::Path::Parse("/skills/kit")),
                EIO);
-  ASSERT_OK_AND_ASSIGN(auto history, backend->History(admin, big));
-  EXPECT_EQ(history.size(), 1u);
-  ASSERT_OK_AND_ASSIGN(auto f, backend->Open(admin, big, O_RDONLY, 0));
-  std::string got(first.size() + 1, '\0');
-  ASSERT_OK_AND_ASSIGN(auto n, f->Read(got.data(), got.size(), 0));
-  got.resize(n);
-  EXPECT_TRUE(got == first) << "size " << got.size();
+  ExpectOnlyVersion(*backend, admin, big, first);
 }
 
 // An import asked to stop in the middle of a file commits nothing of it:
@@ -1244,13 +1250,7 @@ TEST(SkillsStoreTest, AStoppedImportLeavesTheFileAsItWas) {
                           *vfs::Path::Parse("/skills/kit"), stop),
                EINTR);
   EXPECT_EQ(asked, 3);
-  ASSERT_OK_AND_ASSIGN(auto history, backend->History(admin, big));
-  EXPECT_EQ(history.size(), 1u);
-  ASSERT_OK_AND_ASSIGN(auto f, backend->Open(admin, big, O_RDONLY, 0));
-  std::string got(first.size() + 1, '\0');
-  ASSERT_OK_AND_ASSIGN(auto n, f->Read(got.data(), got.size(), 0));
-  got.resize(n);
-  EXPECT_TRUE(got == first) << "size " << got.size();
+  ExpectOnlyVersion(*backend, admin, big, first);
 }
 
 }  // namespace
