@@ -385,9 +385,10 @@ TEST_F(RunCliTest, SigintStopsTheSessionCleanlyAndResumeGoesOn) {
   for (const auto& name :
        testing::ListDir("/proc").value_or(std::vector<std::string>{})) {
     auto cmdline = testing::ReadFile("/proc/" + name + "/cmdline");
-    if (atoi(name.c_str()) > 0 && cmdline)
+    if (atoi(name.c_str()) > 0 && cmdline) {
       EXPECT_EQ(cmdline->find("/workspace/finished"), std::string::npos)
           << "process " << name << " outlived the interrupted run";
+    }
   }
   auto resumed = Agentvfs({"resume", id}, &api);
   EXPECT_EQ(resumed.exit_status, 0) << resumed.output;

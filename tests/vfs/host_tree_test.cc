@@ -109,7 +109,9 @@ TEST(HostTree, NothingOutsideTheTreeIsTouched) {
   EXPECT_FALSE(Exists(top + "/link"));
   EXPECT_FALSE(Exists(top + "/locked"));
   EXPECT_TRUE(Exists(top + "/owner"));  // keep_last
-  if (root) EXPECT_TRUE(Exists(top + "/mnt/keep"));
+  if (root) {
+    EXPECT_TRUE(Exists(top + "/mnt/keep"));
+  }
 }
 
 }  // namespace
