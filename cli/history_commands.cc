@@ -273,9 +273,18 @@ void AddPurge(CLI::App& app, int* exit_code) {
           auto r = s.backend->Purge(s.caller, *path, a->keep_current);
           if (!r) return std::unexpected(r.error());
           std::cout << "purged " << path->str() << ": " << r->versions
-                    << " version(s), " << r->files << " file(s), " << r->blobs
-                    << " stored chunk(s), " << r->bytes
-                    << " byte(s) of content\n";
+                    << " version(s), " << r->files << " file(s)";
+          // Contents are shared across the whole store, so how much of it
+          // went tells whether any other file, hidden ones included, holds
+          // the same bytes: said only to an admin of everything.
+          auto policy = s.backend->auth().PolicyFor(s.caller.user);
+          if (policy && (*policy)->LevelOf("/") == store::Level::kAdmin) {
+            std::cout << ", " << r->blobs << " stored chunk(s), " << r->bytes
+                      << " byte(s) of content";
+          } else {
+            std::cout << "; content no other version shares is erased";
+          }
+          std::cout << "\n";
           return {};
         });
   });

@@ -9,6 +9,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <cmath>
 #include <filesystem>
 #include <iostream>
 #include <memory>
@@ -89,9 +90,31 @@ int RunMount(const MountArgs& given) {
     a.log_file = Absolute(a.log_file);
     if (auto ok = LogTo(a.log_file); !ok) return Report("mount", ok.error());
   }
+  // CLI11's range check lets NaN through (every comparison with it is
+  // false); the kernel would then keep names and attributes for good.
+  if (std::isnan(a.timeout))
+    return Report("mount", vfs::Error{EINVAL,
+                                      "--cache-timeout must be a number of "
+                                      "seconds from 0 to 31536000"});
   auto router = std::make_unique<router::Router>();
   vfs::Caller identity;
   if (!a.workspace.empty()) {
+    // A view mounted inside its own workspace contains itself: looking up
+    // the mount point's name in the workspace enters the view, and the
+    // daemon waits on its own mount for good.
+    std::error_code ec1, ec2;
+    auto ws_real = std::filesystem::canonical(a.workspace, ec1);
+    auto mnt_real = std::filesystem::canonical(a.mountpoint, ec2);
+    if (!ec1 && !ec2 && ws_real != mnt_real &&
+        mnt_real.string().starts_with(
+            ws_real.string() == "/" ? "/" : ws_real.string() + "/")) {
+      return Report("mount",
+                    vfs::Error{EINVAL, "the mount point " + mnt_real.string() +
+                                           " is inside the workspace " +
+                                           ws_real.string() +
+                                           ", so the view would contain "
+                                           "itself; mount it outside"});
+    }
     auto ws = backends::LocalDirBackend::Open(a.workspace);
     if (!ws) {
       std::cerr << "agentvfs mount: " << ws.error().message << "\n";
@@ -117,6 +140,18 @@ int RunMount(const MountArgs& given) {
                                     (std::getenv("AGENTVFS_STORE") != nullptr &&
                                      *std::getenv("AGENTVFS_STORE") != '\0') ||
                                     a.workspace.empty());
+  // With the writeback cache the kernel keeps the sizes of regular files it
+  // has cached and never takes them from the daemon again: other sessions'
+  // commits would not show, and an append would land over them.
+  if (with_store && a.writeback)
+    return Report(
+        "mount",
+        vfs::Error{EINVAL,
+                   "--writeback-cache cannot serve a store: the kernel would "
+                   "keep its own file sizes, so other sessions' commits "
+                   "would not show and appends would overwrite them; drop "
+                   "--writeback-cache, or add --no-store to serve /workspace "
+                   "alone"});
   // The store by its absolute name, however it was named (flag,
   // AGENTVFS_STORE, config file).
   if (with_store)

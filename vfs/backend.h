@@ -94,6 +94,13 @@ class FileHandle {
   // has them at hand (a store file the open created), for a frontend's reply
   // to a create; nullopt means: call Stat().
   virtual std::optional<Attr> AttrsAtOpen() const { return std::nullopt; }
+  // True when the file's content may differ from what a frontend's kernel
+  // cached for it from this session's earlier opens (another session
+  // committed since, or the session never opened it): the frontend then
+  // drops the cached data and attributes before the first read, so the
+  // program reads the content this handle opened, which is the one the
+  // backend counts as seen (a store's stale-writer check relies on it).
+  virtual bool MayDifferFromCache() const { return false; }
   virtual Status Truncate(off_t size) = 0;
   // Makes written data durable (data only when `datasync`).
   virtual Status Sync(bool datasync) = 0;

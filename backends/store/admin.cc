@@ -30,6 +30,26 @@ vfs::Status NeedLevel(Txn& txn, const std::string& actor,
   return {};
 }
 
+// Refuses a change (made in `txn`, which the caller then rolls back) after
+// which no enabled user has admin on / any more: nobody could then add
+// users, grant or undo it, short of editing the database.
+vfs::Status KeepsAnAdmin(Txn& txn) {
+  auto users = txn.Query("SELECT name FROM users WHERE disabled = 0");
+  if (!users) return std::unexpected(users.error());
+  for (const auto& r : *users) {
+    auto policy = LoadPolicy(txn, AsText(r[0]));
+    if (!policy) return std::unexpected(policy.error());
+    if ((*policy)->usable() && (*policy)->LevelOf("/") == Level::kAdmin) {
+      return {};
+    }
+  }
+  return vfs::Fail(EPERM,
+                   "this would leave no user with admin on /, and nobody "
+                   "could manage the store any more; grant admin on / to "
+                   "another user first (`agentvfs grant admin / --to "
+                   "user:NAME`); nothing was changed");
+}
+
 vfs::Status Exec(Txn& txn, std::string_view sql, const std::vector<Value>& p) {
   auto r = txn.Exec(sql, p);
   if (!r) return std::unexpected(r.error());
@@ -300,7 +320,7 @@ vfs::Status RemoveMember(Engine& e, const std::string& actor,
     if (*r == 0) {
       return vfs::Fail(ENOENT, "'" + user + "' is not in team '" + team + "'");
     }
-    return {};
+    return KeepsAnAdmin(txn);  // the team may hold admin on /
   });
 }
 
@@ -343,7 +363,8 @@ vfs::Status Grant(Engine& e, const std::string& actor,
                                      subject.name + "`");
       }
     }
-    return PutGrant(txn, *norm, subject, level);
+    TRY(PutGrant(txn, *norm, subject, level));
+    return KeepsAnAdmin(txn);  // a lower grant on / replaces admin
   });
 }
 
@@ -363,7 +384,7 @@ vfs::Status Revoke(Engine& e, const std::string& actor,
                                    subject.ToString() +
                                    "; `agentvfs grants` lists them");
     }
-    return {};
+    return KeepsAnAdmin(txn);
   });
 }
 

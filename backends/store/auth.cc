@@ -6,6 +6,8 @@
 
 #include <algorithm>
 #include <cctype>
+#include <map>
+#include <set>
 
 namespace agentvfs::store {
 namespace {
@@ -131,6 +133,21 @@ bool Policy::Visible(std::string_view path) const {
   return false;
 }
 
+std::vector<std::string> Policy::Differences(const Policy& other) const {
+  if (usable_ != other.usable_) return {"/"};
+  std::set<std::pair<std::string, Level>> mine(grants_.begin(), grants_.end());
+  std::set<std::pair<std::string, Level>> theirs(other.grants_.begin(),
+                                                 other.grants_.end());
+  std::set<std::string> out;
+  for (const auto& g : mine) {
+    if (!theirs.contains(g)) out.insert(g.first);
+  }
+  for (const auto& g : theirs) {
+    if (!mine.contains(g)) out.insert(g.first);
+  }
+  return std::vector<std::string>(out.begin(), out.end());
+}
+
 std::vector<std::string> Policy::WritablePrefixes() const {
   std::vector<std::string> out;
   for (const auto& [prefix, level] : grants_) {
@@ -207,6 +224,36 @@ vfs::Result<std::shared_ptr<const Policy>> AuthCache::PolicyFor(
   std::lock_guard lock(mu_);
   cache_[user] = Entry{policy, now};
   return policy;
+}
+
+vfs::Result<std::vector<std::string>> AuthCache::Refresh() {
+  std::map<std::string, std::pair<std::shared_ptr<const Policy>, std::string>>
+      before;  // user -> (policy, pinned token hash)
+  {
+    std::lock_guard lock(mu_);
+    for (const auto& [user, entry] : cache_) {
+      auto pin = pinned_.find(user);
+      before[user] = {entry.policy,
+                      pin == pinned_.end() ? std::string() : pin->second};
+    }
+  }
+  std::set<std::string> changed;
+  for (const auto& [user, old] : before) {
+    auto now = std::chrono::steady_clock::now();
+    std::shared_ptr<const Policy> policy;
+    auto ok = engine_.Read([&](Txn& txn) -> vfs::Status {
+      auto p = LoadPolicy(txn, user, old.second);
+      if (!p) return std::unexpected(p.error());
+      policy = std::move(*p);
+      return {};
+    });
+    if (!ok) return std::unexpected(ok.error());
+    for (auto& path : old.first->Differences(*policy))
+      changed.insert(std::move(path));
+    std::lock_guard lock(mu_);
+    cache_[user] = Entry{policy, now};
+  }
+  return std::vector<std::string>(changed.begin(), changed.end());
 }
 
 void AuthCache::Clear() {

@@ -72,6 +72,10 @@ class Policy {
   bool Visible(std::string_view path) const;
   // Prefixes this user may write (for the harness's prompt), sorted.
   std::vector<std::string> WritablePrefixes() const;
+  // Store paths where what this user may see or do differs in `other`:
+  // the prefixes of grants added, removed or changed, and "/" when one of
+  // the two is usable and the other not.
+  std::vector<std::string> Differences(const Policy& other) const;
 
  private:
   std::string user_;
@@ -90,6 +94,11 @@ class AuthCache {
   // The policy of `user`, at most ttl old. EIO when the store fails.
   vfs::Result<std::shared_ptr<const Policy>> PolicyFor(const std::string& user);
   void Clear();
+  // Reloads the policy of every user asked for before, and returns the
+  // store paths whose access changed for any of them (Policy::Differences).
+  // For a frontend that caches names and attributes: what it cached there
+  // may no longer be the user's to see.
+  vfs::Result<std::vector<std::string>> Refresh();
   // From now on `user` is usable here only while its token still hashes to
   // `token_hash`: a token replaced by `agentvfs user token` stops a live
   // mount that signed in with the old one, like a disable does.

@@ -260,8 +260,11 @@ vfs::Error FromSqlite(sqlite3* db, int rc, std::string_view what) {
     msg += " (the store stayed locked by another process; try again)";
   } else if (primary == SQLITE_FULL) {
     code = ENOSPC;
-    msg += " (no space left on the store's filesystem; nothing of this "
-           "change was kept: free some space, then write again)";
+    msg +=
+        " (no space left on the store's filesystem; nothing of this "
+        "change was kept: free some space on that filesystem outside the "
+        "store, then write again; even a delete needs room in the store "
+        "to be recorded)";
   } else if (primary == SQLITE_READONLY || primary == SQLITE_PERM ||
              primary == SQLITE_CANTOPEN) {
     code = EACCES;

@@ -21,6 +21,7 @@
 #include <map>
 #include <mutex>
 #include <optional>
+#include <set>
 #include <sstream>
 #include <thread>
 #include <tuple>
@@ -495,7 +496,22 @@ class StoreBackend::Impl {
     if (it == seen_.end()) return std::nullopt;
     return it->second;
   }
-  // The file the session last saw at `path`.
+  // The session looked `path` up and found no file there (0 in seen_at_):
+  // a file another session makes there afterwards is one it never saw.
+  // Misses that no open follows (probes for optional files) are forgotten
+  // in bulk past a bound.
+  void SetMissing(const std::string& session, const std::string& path) {
+    std::lock_guard lock(nodes_mu_);
+    auto [it, added] = seen_at_.try_emplace({session, path}, 0);
+    if (!added) {
+      if (it->second == 0) return;
+      it->second = 0;
+    }
+    if (++missing_ <= 100000) return;
+    std::erase_if(seen_at_, [](const auto& e) { return e.second == 0; });
+    missing_ = 0;
+  }
+  // The file the session last saw at `path` (0: none was there).
   std::optional<int64_t> SeenAt(const std::string& session,
                                 const std::string& path) {
     std::lock_guard lock(nodes_mu_);
@@ -631,15 +647,17 @@ class StoreBackend::Impl {
   }
 
   // ESTALE when the session read an older version than the current one and
-  // someone else committed since.
+  // someone else committed since. A session that found no file at the path
+  // and never read the one another session made there since gets
+  // `blind_errno` (an open: EEXIST, as the second of two creates).
   Status CheckStale(Txn& txn, const Caller& c, const Inode& node,
-                    const std::string& path) {
+                    const std::string& path, int blind_errno = ESTALE) {
     auto seen = Seen(c.session, node.ino);
     if (!seen) {
       // Never read this file; but if the session read another one at this
       // path, that was replaced since (saved over by a rename, as editors
-      // and `sed -i` do, or removed and made again): writing here would
-      // overwrite a version the session never saw.
+      // and `sed -i` do, or removed and made again), or found none there:
+      // writing here would overwrite a version the session never saw.
       auto at = SeenAt(c.session, path);
       if (!at || *at == node.ino) return {};
       auto rows = txn.Query(
@@ -647,7 +665,18 @@ class StoreBackend::Impl {
           "WHERE ino = ? AND n = ?",
           {node.ino, node.version});
       if (!rows) return std::unexpected(rows.error());
-      if (rows->empty() || AsText((*rows)[0][1]) == c.session) return {};
+      if (!rows->empty() && AsText((*rows)[0][1]) == c.session) return {};
+      if (*at == 0) {
+        return Fail(
+            blind_errno,
+            path + " was made by " +
+                (rows->empty() ? "another session"
+                               : "user '" + AsText((*rows)[0][0]) + "' at " +
+                                     FormatTime(AsInt((*rows)[0][2]))) +
+                " after this session found no file there; read the "
+                "file, then write");
+      }
+      if (rows->empty()) return {};
       const Row& r = (*rows)[0];
       return Fail(ESTALE, path + " was replaced by user '" + AsText(r[0]) +
                               "' at " + FormatTime(AsInt(r[2])) +
@@ -944,6 +973,7 @@ class StoreBackend::Impl {
     auto renew_every = options_.lease_ttl / 3;
     auto last_renew = std::chrono::steady_clock::now();
     auto last_prune = std::chrono::steady_clock::time_point{};
+    auto last_grants = std::chrono::steady_clock::now();
     std::unique_lock lock(bg_mu_);
     while (!stopping_) {
       bg_cv_.wait_for(lock, options_.poll_interval,
@@ -965,6 +995,10 @@ class StoreBackend::Impl {
           return {};
         });
       }
+      if (now - last_grants >= options_.auth_ttl) {
+        last_grants = now;
+        PollGrants();
+      }
       PollChanges();
       lock.lock();
     }
@@ -981,9 +1015,51 @@ class StoreBackend::Impl {
       for (const auto& [key, opening] : held_) keys.push_back(key);
     }
     if (keys.empty()) return;
+    // A holder whose user may no longer write the file (a revoked grant, a
+    // team left, a disabled user) gives its lease up here: renewed for as
+    // long as the handle stayed open, it kept everyone else, admins
+    // included, out of the file. The handle's commit is refused anyway.
+    struct Holder {
+      std::pair<std::string, int64_t> key;
+      std::string user, path;
+    };
+    std::vector<Holder> holders;
+    (void)engine_.Read([&](Txn& txn) -> Status {
+      for (const auto& key : keys) {
+        auto row = txn.Query(
+            "SELECT \"user\" FROM leases WHERE ino = ? AND session = ?",
+            {key.second, key.first});
+        auto path = AnyPath(txn, key.second);
+        // A store error or an unlinked file: renewed as before.
+        if (!row || row->empty() || !path || path->empty()) continue;
+        holders.push_back({key, AsText((*row)[0][0]), *path});
+      }
+      return {};
+    });
+    std::set<std::pair<std::string, int64_t>> lost;
+    for (const auto& h : holders) {
+      auto policy = auth_.PolicyFor(h.user);
+      if (policy && (*policy)->LevelOf(h.path) < Level::kWrite) {
+        Log()->info(
+            "write lease of {} given up: user '{}' may no longer "
+            "write it",
+            h.path, h.user);
+        lost.insert(h.key);
+      }
+    }
     auto ok = engine_.Write(Durability::kProcess, [&](Txn& txn) -> Status {
       int64_t expires = NowNs() + options_.lease_ttl.count() * 1'000'000;
       for (const auto& [session, ino] : keys) {
+        if (lost.contains({session, ino})) {
+          auto d = txn.Exec(
+              "DELETE FROM leases WHERE ino = ? AND session = ? AND host = ? "
+              "AND pid = ? AND pid_start = ?",
+              {ino, session, host_, int64_t{pid_}, pid_start_});
+          if (!d) return std::unexpected(d.error());
+          std::lock_guard lock(held_mu_);
+          held_.erase({session, ino});
+          continue;
+        }
         auto u = txn.Exec(
             "UPDATE leases SET expires_ns = ? WHERE ino = ? AND session = ? "
             "AND host = ? AND pid = ? AND pid_start = ?",
@@ -998,6 +1074,34 @@ class StoreBackend::Impl {
       return {};
     });
     if (!ok) Log()->warn("renewing write leases: {}", ok.error().ToString());
+  }
+
+  // A frontend's kernel keeps names and attributes for its cache timeout,
+  // which may be long: where a user's grants changed (or the user was
+  // disabled), it is told to forget what it cached, so that a revoked name
+  // stops answering stat at once, as it stops answering open.
+  void PollGrants() {
+    std::lock_guard lock(listener_mu_);
+    if (listener_ == nullptr) return;
+    auto changed = auth_.Refresh();
+    if (!changed) {
+      Log()->warn("reloading grants: {}", changed.error().ToString());
+      return;
+    }
+    std::set<std::string> paths;
+    for (const auto& prefix : *changed) {
+      if (prefix == "/") {
+        paths.insert({"/memories", "/skills"});
+        continue;
+      }
+      // The prefix, and the directories above it, whose listings and
+      // visibility may follow from it.
+      for (std::string p = prefix; p.size() > 1; p = ParentOf(p))
+        paths.insert(p);
+    }
+    for (const auto& p : paths) {
+      if (auto path = Path::Parse(p)) listener_->Changed(*path);
+    }
   }
 
   void PollChanges() {
@@ -1048,8 +1152,10 @@ class StoreBackend::Impl {
   std::mutex nodes_mu_;  // guards nodes_ and seen_
   std::map<std::pair<std::string, int64_t>, std::weak_ptr<OpenNode>> nodes_;
   std::map<std::pair<std::string, int64_t>, int64_t> seen_;
-  // (session, canonical path) -> the inode the session last saw there.
+  // (session, canonical path) -> the inode the session last saw there, or
+  // 0 when it found none (SetMissing; missing_ counts those).
   std::map<std::pair<std::string, std::string>, int64_t> seen_at_;
+  size_t missing_ = 0;
 
   std::mutex listener_mu_;  // guards listener_, last_seq_
   vfs::ChangeListener* listener_ = nullptr;
@@ -1156,6 +1262,8 @@ class StoreFile final : public vfs::FileHandle {
   }
 
   void SetAttrsAtOpen(const vfs::Attr& st) { attrs_at_open_ = st; }
+  void SetMayDifferFromCache() { may_differ_ = true; }
+  bool MayDifferFromCache() const override { return may_differ_; }
   std::optional<vfs::Attr> AttrsAtOpen() const override {
     return attrs_at_open_;
   }
@@ -1399,6 +1507,7 @@ class StoreFile final : public vfs::FileHandle {
   std::shared_ptr<const StoreBackend::Impl::Layout> layout_;
   // What the creating transaction wrote, when this handle made the file.
   std::optional<vfs::Attr> attrs_at_open_;
+  bool may_differ_ = false;
 };
 
 }  // namespace
@@ -1470,9 +1579,13 @@ Result<vfs::Attr> StoreBackend::Stat(const Caller& c, const Path& path) {
   TRY_ASSIGN(policy, impl_->PolicyOf(c));
   TRY(Impl::NeedVisible(*policy, path.str()));
   vfs::Attr st{};
-  TRY(engine_->Read([&](Txn& txn) -> Status {
+  std::string missing;
+  auto found = engine_->Read([&](Txn& txn) -> Status {
     TRY_ASSIGN(w, WalkFor(txn, *policy, path.str(), false));
-    if (!w.node) return Fail(ENOENT, "no such file or directory");
+    if (!w.node) {
+      if (w.parent) missing = w.path;
+      return Fail(ENOENT, "no such file or directory");
+    }
     TRY(Impl::NeedVisible(*policy, w.path));
     st = w.node->ToAttr();
     if (w.node->IsDir() && policy->LevelOf(w.path) < Level::kRead) {
@@ -1485,7 +1598,12 @@ Result<vfs::Attr> StoreBackend::Stat(const Caller& c, const Path& path) {
       st.st_atim = st.st_mtim = st.st_ctim = timespec{};
     }
     return {};
-  }));
+  });
+  if (!found) {
+    if (!missing.empty() && !c.session.empty())
+      impl_->SetMissing(c.session, missing);
+    return std::unexpected(found.error());
+  }
   if (S_ISREG(st.st_mode)) impl_->Overlay(c, st);
   return st;
 }
@@ -1539,8 +1657,19 @@ Result<std::unique_ptr<vfs::FileHandle>> StoreBackend::Open(const Caller& c,
       !(create && policy->Visible(path.Parent().str()))) {
     return Fail(ENOENT, "no such file or directory");
   }
+  if (!writing && (flags & O_TRUNC)) {
+    // As on Linux, O_RDONLY|O_TRUNC truncates, and so needs write
+    // permission (EACCES without; EISDIR on a directory): the truncation is
+    // committed by an open for writing, and the file then opened to read.
+    {
+      TRY_ASSIGN(w, Open(c, path, (flags & ~O_ACCMODE) | O_WRONLY, mode));
+      TRY(w->Flush());
+    }
+    flags &= ~(O_TRUNC | O_CREAT | O_EXCL);
+    create = false;
+  }
 
-  if (!writing && !create && !(flags & O_TRUNC)) {
+  if (!writing && !create) {
     Inode inode;
     std::string canon;
     TRY(engine_->Read([&](Txn& txn) -> Status {
@@ -1553,15 +1682,18 @@ Result<std::unique_ptr<vfs::FileHandle>> StoreBackend::Open(const Caller& c,
       canon = w.path;
       return {};
     }));
+    auto before = impl_->Seen(c.session, inode.ino);
     impl_->SetSeen(c.session, inode.ino, inode.version, canon);
     auto node = impl_->GetNode(c.session, inode.ino);
     {
       std::lock_guard lock(node->mu);
       node->path = canon;
     }
-    return std::unique_ptr<vfs::FileHandle>(
-        new StoreFile(*impl_, c, std::move(node), flags, false, inode.content,
-                      inode.size, inode.version));
+    auto file =
+        std::make_unique<StoreFile>(*impl_, c, std::move(node), flags, false,
+                                    inode.content, inode.size, inode.version);
+    if (!before || *before != inode.version) file->SetMayDifferFromCache();
+    return file;
   }
 
   // Writing (or creating): resolve, check, create if needed and take the
@@ -1594,7 +1726,7 @@ Result<std::unique_ptr<vfs::FileHandle>> StoreBackend::Open(const Caller& c,
         if (writing) return Fail(EISDIR, "is a directory");
       }
       if (!writing) {
-        // O_RDONLY|O_CREAT of an existing file, or O_RDONLY|O_TRUNC.
+        // O_RDONLY|O_CREAT of an existing file.
         TRY(Impl::NeedRead(*policy, w.path));
         inode = *w.node;
         canon = w.path;
@@ -1604,8 +1736,23 @@ Result<std::unique_ptr<vfs::FileHandle>> StoreBackend::Open(const Caller& c,
       TRY(impl_->CheckLease(txn, c, w.node->ino, w.path, now));
       auto existing = impl_->FindNode(c.session, w.node->ino);
       if (!existing || !existing->has_draft)
-        TRY(impl_->CheckStale(txn, c, *w.node, w.path));
+        TRY(impl_->CheckStale(txn, c, *w.node, w.path, EEXIST));
       inode = *w.node;
+      // A truncating open by a process without CAP_FSETID (not root) drops
+      // the set-user-ID bit, and set-group-ID with group execute, as
+      // truncate(2) does on Linux: the kernel leaves that to us with
+      // atomic O_TRUNC. (Writes get it from the kernel.)
+      mode_t kill =
+          (inode.mode & S_ISUID) |
+          ((inode.mode & (S_ISGID | S_IXGRP)) == (S_ISGID | S_IXGRP) ? S_ISGID
+                                                                     : 0);
+      if ((flags & O_TRUNC) && kill != 0 && c.uid && *c.uid != 0) {
+        inode.mode &= ~kill;
+        auto m =
+            txn.Exec("UPDATE inodes SET mode = ?, ctime_ns = ? WHERE ino = ?",
+                     {int64_t{inode.mode}, now, inode.ino});
+        if (!m) return std::unexpected(m.error());
+      }
     }
     canon = w.path;
     if (!writing) return {};
@@ -1678,11 +1825,15 @@ Result<std::unique_ptr<vfs::FileHandle>> StoreBackend::Open(const Caller& c,
     node->dirty = true;
     node->last_write_ns = now;
   }
+  auto before = impl_->Seen(c.session, inode.ino);
+  const bool may_differ =
+      !created && (!before || *before != node->base_version);
   impl_->SetSeen(c.session, inode.ino, node->base_version, canon);
   lock.unlock();
   auto file = std::make_unique<StoreFile>(*impl_, c, std::move(node), flags,
                                           true, inode.content, inode.size,
                                           inode.version);
+  if (may_differ) file->SetMayDifferFromCache();
   // A frontend's create reply wants the new file's attributes at once: the
   // ones the creating transaction wrote spare it a read transaction.
   if (created) file->SetAttrsAtOpen(inode.ToAttr());
@@ -1998,6 +2149,11 @@ Status StoreBackend::Rename(const Caller& c, const Path& from, const Path& to,
         if (!p2) return std::unexpected(p2.error());
       }
     } else {
+      // Moving a file away from its name removes it from there, as an
+      // unlink would: a session with a stale view of it may not (an editor
+      // saving by renaming the old file to a backup, then writing anew).
+      if (!src.node->IsDir() && !src.node->IsLink())
+        TRY(impl_->CheckStale(txn, c, *src.node, src.path));
       if (dst.node) {
         if (flags & RENAME_NOREPLACE) return Fail(EEXIST, "file exists");
         if (src.node->IsDir() && !dst.node->IsDir()) {

@@ -133,6 +133,26 @@ TEST(MountLifecycleTest, RefusesWhatWouldHideFilesOrIgnoreAFlag) {
   EXPECT_NE(r.output.find("--no-store serves no store"), std::string::npos)
       << r.output;
   EXPECT_FALSE(MountedView::IsMounted(mountpoint.path()));
+  // NaN passes a range check; the kernel would cache for good.
+  r = RunCommand({AGENTVFS_BINARY, "mount", "--workspace", workspace.path(),
+                  "--no-store", "--cache-timeout", "nan", mountpoint.path()},
+                 CommandOptions{.timeout = std::chrono::seconds(15)});
+  EXPECT_NE(r.exit_status, 0);
+  EXPECT_NE(r.output.find("--cache-timeout must be"), std::string::npos)
+      << r.output;
+  EXPECT_FALSE(MountedView::IsMounted(mountpoint.path()));
+  // A view inside its own workspace would contain itself (the daemon then
+  // waited on its own mount for good).
+  const std::string inner = workspace.Sub("inner");
+  ASSERT_EQ(mkdir(inner.c_str(), 0755), 0);
+  testing::UnmountAtExit(inner);
+  r = RunCommand({AGENTVFS_BINARY, "mount", "--workspace", workspace.path(),
+                  "--no-store", inner},
+                 CommandOptions{.timeout = std::chrono::seconds(15)});
+  EXPECT_NE(r.exit_status, 0);
+  EXPECT_NE(r.output.find("inside the workspace"), std::string::npos)
+      << r.output;
+  EXPECT_FALSE(MountedView::IsMounted(inner));
 }
 
 TEST(MountLifecycleTest, BackgroundReturnsOnceMounted) {

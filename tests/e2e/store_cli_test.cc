@@ -320,6 +320,30 @@ TEST_F(StoreCliTest, AWrongOrMissingTokenIsRefusedAndMountsNothing) {
   if (MountedView::IsMounted(mnt.path())) testing::LazyUnmount(mnt.path());
 }
 
+// A token on the command line is refused with where to put it instead, and
+// never echoed: not by the refusal, nor by a usage error quoting arguments.
+TEST_F(StoreCliTest, ATokenOnTheCommandLineIsRefusedAndNotEchoed) {
+  const std::string token = Init();
+  for (const auto& args : std::vector<std::vector<std::string>>{
+           {"cat", "--token=" + token, "/memories/org"},
+           {"mount", "--token", token, work_->Sub("view")},
+           {"user", "list", "--token", token}}) {
+    CommandResult r = Cli(args, {{"AGENTVFS_STORE", db_}});
+    EXPECT_EQ(r.exit_status, 2) << r.output;
+    EXPECT_TRUE(Contains(r.output, "AGENTVFS_TOKEN")) << r.output;
+    EXPECT_TRUE(Contains(r.output, "--token-file")) << r.output;
+    EXPECT_FALSE(Contains(r.output, token.substr(5))) << r.output;
+  }
+  CommandResult stray =
+      Cli({"cat", "/memories/org", token}, {{"AGENTVFS_STORE", db_}});
+  EXPECT_EQ(stray.exit_status, 2) << stray.output;
+  EXPECT_TRUE(Contains(stray.output, "not expected")) << stray.output;
+  EXPECT_FALSE(Contains(stray.output, token.substr(5))) << stray.output;
+  // After `--`, arguments are a sandboxed command's own.
+  CommandResult parsed = Cli({"exec", "--help", "--", "echo", "--token"});
+  EXPECT_EQ(parsed.exit_status, 0) << parsed.output;
+}
+
 TEST_F(StoreCliTest, UsersTeamsAndGrantsAreAnAdminsBusiness) {
   const std::string lead = Init();
   std::string dev = AddUser(lead, "dev", {"--team", "eng"});
@@ -396,6 +420,23 @@ TEST_F(StoreCliTest, UsersTeamsAndGrantsAreAnAdminsBusiness) {
   ExpectRefused(dev, {"history", "/memories/org/notes/oncall.md"},
                 "token is not valid");
   MustAs(new_dev, {"history", "/memories/org/notes/oncall.md"});
+
+  // The last admin on / may not revoke or lower that grant, nor leave the
+  // team that gives it: nobody could manage the store after. With another
+  // admin, they may step down.
+  const std::string none = "no user with admin on /";
+  ExpectRefused(lead, {"revoke", "/", "--from", "user:lead"}, none);
+  ExpectRefused(lead, {"grant", "read", "/", "--to", "user:lead"}, none);
+  MustAs(lead, {"user", "list"});
+  MustAs(lead, {"grant", "admin", "/", "--to", "user:ops"});
+  MustAs(lead, {"revoke", "/", "--from", "user:lead"});
+  ExpectRefused(lead, {"user", "list"}, "needs admin");
+  MustAs(ops, {"team", "add", "root"});
+  MustAs(ops, {"team", "member", "add", "root", "ops"});
+  MustAs(ops, {"grant", "admin", "/", "--to", "team:root"});
+  MustAs(ops, {"revoke", "/", "--from", "user:ops"});
+  ExpectRefused(ops, {"team", "member", "remove", "root", "ops"}, none);
+  MustAs(ops, {"user", "list"});
 }
 
 TEST_F(StoreCliTest, HistoryCatAndRestore) {
@@ -550,6 +591,21 @@ TEST_F(StoreCliTest, PurgeErasesVersionsAndTheirBytes) {
   ExpectRefused(dev, {"cat", file}, "");
   ExpectRefused(dev, {"history", file}, "");
   EXPECT_FALSE(Contains(AllFileBytes(store_dir_->path()), current));
+  EXPECT_TRUE(Contains(out, "byte(s) of content")) << out;
+
+  // An admin of a prefix is not told how much content went: contents are
+  // shared across the store, so it would tell whether a file they cannot
+  // see holds the bytes they guessed. The hidden file keeps them.
+  const std::string hidden = "/memories/users/lead/pin.md";
+  const std::string guess = "pin-" + RandomHex(16);
+  ASSERT_TRUE(ApiWrite("lead", hidden, guess));
+  MustAs(lead, {"grant", "admin", "/memories/users/dev", "--to", "user:dev"});
+  ASSERT_TRUE(ApiWrite("dev", file, guess));
+  out = MustAs(dev, {"purge", file});
+  EXPECT_TRUE(Contains(out, "1 file(s)")) << out;
+  EXPECT_FALSE(Contains(out, "chunk")) << out;
+  EXPECT_FALSE(Contains(out, "byte")) << out;
+  EXPECT_EQ(MustAs(lead, {"cat", hidden}), guess);
 }
 
 // A purge whose compaction could not finish (another process kept a read

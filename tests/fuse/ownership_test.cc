@@ -12,6 +12,7 @@
 #include <cstring>
 
 #include "tests/fuse/fuse_test_support.h"
+#include "tests/support/store_fixture.h"
 
 namespace agentvfs::fuse_test {
 namespace {
@@ -298,6 +299,42 @@ TEST_F(OwnershipTest, AFileReplacedBesideTheMountIsCheckedAsItIsNow) {
   EXPECT_EQ(ReadFile(Host("open/mine")), "root's secret");
 }
 
+// fchown, fchmod and futimens reach the daemon without a file handle (only
+// ftruncate brings one). They change the open file, as on any filesystem,
+// never the file another user has put at its name meanwhile: root's `tar`
+// does fchown(fd, 0, 0) then fchmod(fd, 04755), and acting on the name gave
+// a user's planted shell set-user-ID root. A file that was only renamed
+// away is still changed (before: ENOENT).
+TEST_F(OwnershipTest, MetadataChangesThroughADescriptorReachTheOpenFile) {
+  ASSERT_EQ(mkdir(Host("sb").c_str(), 0777), 0);
+  ASSERT_EQ(chown(Host("sb").c_str(), kUser, kUserGroup), 0);
+  ASSERT_TRUE(WriteFile(Host("sb/prog"), "root's program", 0755));
+  ASSERT_EQ(AsUser(kUser, kUserGroup,
+                   [&] {
+                     int e =
+                         OpenErrno(Host("sb/evil"), O_WRONLY | O_CREAT, 0755);
+                     return e;
+                   }),
+            0);
+  int fd = open(View("sb/prog").c_str(), O_RDWR);
+  ASSERT_GE(fd, 0) << std::strerror(errno);
+  ASSERT_EQ(rename(Host("sb/prog").c_str(), Host("sb/prog.old").c_str()), 0);
+  ASSERT_EQ(rename(Host("sb/evil").c_str(), Host("sb/prog").c_str()), 0);
+  EXPECT_EQ(fchown(fd, 0, 0), 0) << std::strerror(errno);
+  EXPECT_EQ(fchmod(fd, 04755), 0) << std::strerror(errno);
+  struct timespec times[2] = {{1000000, 0}, {2000000, 0}};
+  EXPECT_EQ(futimens(fd, times), 0) << std::strerror(errno);
+  close(fd);
+  struct stat planted = HostStat("sb/prog"),
+              open_file = HostStat("sb/prog.old");
+  EXPECT_EQ(planted.st_uid, kUser);
+  EXPECT_EQ(Octal(planted.st_mode), "0755") << "the planted file was changed";
+  EXPECT_NE(planted.st_mtim.tv_sec, 2000000);
+  EXPECT_EQ(open_file.st_uid, 0u);
+  EXPECT_EQ(Octal(open_file.st_mode), "04755");
+  EXPECT_EQ(open_file.st_mtim.tv_sec, 2000000);
+}
+
 // A file another user's cached file was removed beside the mount: the
 // kernel's permission check asks for fresh attributes, finds the file gone
 // and looks the name up again, so open(O_CREAT) creates it (before: ENOENT).
@@ -374,6 +411,39 @@ TEST_F(FuseViewTest, WithoutAllowOtherOtherUsersAreRefused) {
   EXPECT_ERRNO_EQ(
       AsUser(kUser, kUserGroup, [&] { return OpenErrno(file, O_RDONLY); }),
       EACCES);
+}
+
+// The same rule on the store: a truncating open by a user without
+// CAP_FSETID drops the set-user-ID bit (and set-group-ID with group
+// execute). With atomic O_TRUNC the kernel leaves it to the daemon; the
+// store kept both bits on the emptied file.
+class StoreSetIdTest : public FuseViewTest {};
+
+TEST_F(StoreSetIdTest, ATruncatingOpenByAnotherUserDropsSetIdBits) {
+  auto store = testing::StoreFixture::Create({});
+  ASSERT_TRUE(store.has_value()) << store.error().ToString();
+  auto args = (*store)->MountArgs("admin");
+  args.push_back("--allow-other");
+  ASSERT_TRUE(Mount(args));
+  const std::string dir = MountPoint() + "/memories/users/admin/tmpd";
+  ASSERT_EQ(mkdir(dir.c_str(), 0777), 0) << std::strerror(errno);
+  ASSERT_EQ(chmod(dir.c_str(), 01777), 0) << std::strerror(errno);
+  const std::string file = dir + "/suid";
+  ASSERT_ERRNO_EQ(AsUser(kUser, kUserGroup,
+                         [&] {
+                           if (int e = OpenErrno(file, O_WRONLY | O_CREAT))
+                             return e;
+                           return ErrnoOf(chmod(file.c_str(), 06777));
+                         }),
+                  0);
+  struct stat st {};
+  ASSERT_EQ(stat(file.c_str(), &st), 0);
+  ASSERT_EQ(Octal(st.st_mode & 07777), "06777");
+  ASSERT_ERRNO_EQ(AsUser(kOtherUser, kOtherGroup,
+                         [&] { return OpenErrno(file, O_WRONLY | O_TRUNC); }),
+                  0);
+  ASSERT_EQ(stat(file.c_str(), &st), 0);
+  EXPECT_EQ(Octal(st.st_mode & 07777), "0777");
 }
 
 }  // namespace

@@ -5,6 +5,7 @@
 // through the mount without the daemon ever holding it in memory.
 #include <fcntl.h>
 #include <signal.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -261,6 +262,92 @@ TEST_P(TwoMountsTest, AnotherSessionsCommitIsVisibleWithinASecond) {
           .count(),
       1.0)
       << "the removal took too long to show";
+}
+
+// A read right after another session's commit, before the change feed's
+// invalidation can have reached this mount, gets the new content. Before,
+// the kernel served the old pages (and size) it had cached while the store
+// counted the new version as read, so a write based on the old bytes passed
+// the stale-writer check and silently replaced the other session's commit.
+TEST_P(TwoMountsTest, AReadRightAfterAnotherSessionsCommitIsTheNewContent) {
+  std::string a = MountAs("alice", {"--cache-timeout", "3600"});
+  std::string b = MountAs("bob");
+  std::string current = "counter=0\n";
+  ASSERT_TRUE(WriteFile(Eng(b, "counter"), current, 0644));
+  ASSERT_GE(SecondsUntilContent(Eng(a, "counter"), current, 3.0), 0);
+  for (int i = 1; i <= 10; ++i) {
+    ASSERT_EQ(ReadFile(Eng(a, "counter")).value_or("?"), current) << i;
+    current = "counter=" + std::to_string(i) + std::string(i, '+') + "\n";
+    ASSERT_TRUE(WriteFile(Eng(b, "counter"), current, 0644));
+    EXPECT_EQ(ReadFile(Eng(a, "counter")).value_or("?"), current)
+        << "alice read an older version right after bob's commit " << i;
+  }
+}
+
+// With the writeback cache the kernel keeps the sizes of files it cached
+// and never takes them from the daemon again: another session's commit
+// would not show, and an append after it landed over its bytes. A store is
+// therefore not served with it.
+TEST_P(TwoMountsTest, TheWritebackCacheIsRefusedWithAStore) {
+  TempDir ws("agentvfs-ws"), mnt("agentvfs-mnt");
+  auto args = store_->MountArgs("alice");
+  args.push_back("--writeback-cache");
+  std::string error;
+  auto view = MountedView::Start(ws.path(), mnt.path(), args, &error);
+  EXPECT_EQ(view, nullptr);
+  EXPECT_NE(error.find("--writeback-cache cannot serve a store"),
+            std::string::npos)
+      << error;
+  if (view) EXPECT_EQ(view->Stop(), 0);
+}
+
+// A session that found no file at a path and then opens for writing the
+// file another session made there since, without having read it, is the
+// second of two creates: EEXIST, and the first one's file stays whole
+// (before, bob's open went through and wrote over alice's bytes).
+TEST_P(TwoMountsTest, ABlindCreateOverAFileMadeSinceIsRefused) {
+  std::string a = MountAs("alice"), b = MountAs("bob");
+  const std::string alices = "alice: the important, longer content\n";
+  for (int flags : {O_WRONLY | O_CREAT, O_WRONLY | O_CREAT | O_TRUNC}) {
+    std::string name = "made-" + std::to_string(flags);
+    struct stat st;
+    ASSERT_NE(stat(Eng(b, name).c_str(), &st), 0);  // bob: no file there
+    ASSERT_TRUE(WriteFile(Eng(a, name), alices, 0644));
+    errno = 0;
+    int fd = OpenFd(Eng(b, name), flags);
+    if (fd >= 0) {
+      (void)WriteAllFd(fd, "bob: short\n");
+      close(fd);
+    }
+    EXPECT_EQ(fd, -1) << name;
+    EXPECT_EQ(ErrnoText(errno), ErrnoText(EEXIST)) << name;
+    EXPECT_EQ(ReadFile(Eng(a, name)).value_or("?"), alices) << name;
+    // Once bob has read it, he writes it like any file.
+    ASSERT_EQ(ReadFile(Eng(b, name)).value_or("?"), alices) << name;
+    fd = OpenFd(Eng(b, name), O_WRONLY | O_APPEND);
+    ASSERT_GE(fd, 0) << name << ": " << strerror(errno);
+    ASSERT_TRUE(WriteAllFd(fd, "bob\n"));
+    ASSERT_EQ(close(fd), 0);
+  }
+}
+
+// A session may not move a file it has a stale view of away from its name,
+// as it may not unlink it: an editor that saves by renaming the old file to
+// a backup and writing a new one would otherwise put the other session's
+// version out of the file's history without a word.
+TEST_P(TwoMountsTest, AStaleFileIsNotMovedAwayEither) {
+  std::string a = MountAs("alice"), b = MountAs("bob");
+  ASSERT_TRUE(WriteFile(Eng(a, "plan.md"), "v1\n", 0644));
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  ASSERT_EQ(ReadFile(Eng(b, "plan.md")).value_or("?"), "v1\n");
+  ASSERT_TRUE(WriteFile(Eng(a, "plan.md"), "v1\nalice's line\n", 0644));
+  errno = 0;
+  EXPECT_EQ(rename(Eng(b, "plan.md").c_str(), Eng(b, "plan.md~").c_str()), -1);
+  EXPECT_EQ(ErrnoText(errno), ErrnoText(ESTALE));
+  EXPECT_EQ(ReadFile(Eng(a, "plan.md")).value_or("?"), "v1\nalice's line\n");
+  ASSERT_EQ(ReadFile(Eng(b, "plan.md")).value_or("?"), "v1\nalice's line\n");
+  EXPECT_EQ(rename(Eng(b, "plan.md").c_str(), Eng(b, "plan.md~").c_str()), 0)
+      << strerror(errno);
 }
 
 // Peak resident memory of a process, in KiB.

@@ -507,6 +507,14 @@ class FuseServer::Impl {
   // reason a person needs to know what to do: a write conflict (a lease
   // held elsewhere, a change made since the caller read) or a full disk.
   // Not the server's own ESTALE, on which the kernel just looks again.
+  // A failed close or fsync: what the program wrote is not kept, whatever
+  // the errno (a file purged or made unreadable meanwhile says ENOENT), so
+  // the reason always goes to the log.
+  void ReplyCommitError(fuse_req_t req, const Error& err) {
+    if (err.code != EIO && !Explained(err) && !err.message.empty())
+      Log()->warn("refused: {}", err.ToString());
+    ReplyError(req, err);
+  }
   static bool Explained(const Error& err) {
     switch (err.code) {
       case EBUSY:
@@ -634,6 +642,17 @@ class FuseServer::Impl {
       out.push_back(Notice{ino, {}});
     }
     return out;
+  }
+
+  // Drops the attributes the kernel cached for `ino`, so that it asks again
+  // (GETATTR) before it next needs them: size before a read, for one.
+  // Safe from a request thread, unlike Invalidate(): with a negative offset
+  // the kernel touches no page, so it waits for no lock a request in flight
+  // could hold.
+  void ForgetCachedAttrs(fuse_ino_t ino) {
+    int rc = fuse_lowlevel_notify_inval_inode(session_, ino, /*off=*/-1, 0);
+    if (rc != 0 && rc != -ENOENT)
+      Log()->debug("forgetting attributes of {}: {}", ino, std::strerror(-rc));
   }
 
   // Runs on the invalidation thread only.
@@ -1229,9 +1248,32 @@ void OpSetattr(fuse_req_t req, fuse_ino_t ino, struct stat* attr, int to_set,
     }
     Caller c = self->CallerFor(req);
     auto& b = self->backend_;
+    vfs::FileHandle* meta = h;  // for mode, owner and times
+    if (h == nullptr && path) {
+      // fchmod, fchown and futimens come without a handle (only ftruncate
+      // brings one), and the node's name may hold another host file by now
+      // (renamed beside the mount, by the sandbox). A file open here is
+      // changed through its handle, never through its old name: `tar` as
+      // root does fchown(fd, 0, 0) then fchmod(fd, 04755), and acting on the
+      // name made a planted file set-user-ID root. With none open, ESTALE
+      // makes the kernel look the name up again, as on a local filesystem.
+      if (auto key = self->KeyOf(ino)) {
+        auto open = self->AnyFileOf(ino);
+        if (open != nullptr && open->NativeFd() >= 0) {
+          // (Not for a size change: truncate(2) by path comes here too, and
+          // the open file may be a read-only descriptor.)
+          any = std::move(open);
+          meta = any.get();
+        } else if (auto now = b.Stat(c, *path);
+                   now &&
+                   (now->st_dev != key->dev || now->st_ino != key->ino)) {
+          return self->ReplyError(req, Error{ESTALE, kLookAgain});
+        }
+      }
+    }
     if (to_set & FUSE_SET_ATTR_MODE) {
       mode_t mode = attr->st_mode & 07777;
-      Status r = h ? h->Chmod(mode) : b.Chmod(c, *path, mode);
+      Status r = meta ? meta->Chmod(mode) : b.Chmod(c, *path, mode);
       if (!r) return self->ReplyError(req, r.error());
     }
     if (to_set & (FUSE_SET_ATTR_UID | FUSE_SET_ATTR_GID)) {
@@ -1239,7 +1281,7 @@ void OpSetattr(fuse_req_t req, fuse_ino_t ino, struct stat* attr, int to_set,
                                                : vfs::kKeepUid;
       gid_t gid = (to_set & FUSE_SET_ATTR_GID) ? self->StoredGid(attr->st_gid)
                                                : vfs::kKeepGid;
-      Status r = h ? h->Chown(uid, gid) : b.Chown(c, *path, uid, gid);
+      Status r = meta ? meta->Chown(uid, gid) : b.Chown(c, *path, uid, gid);
       if (!r) return self->ReplyError(req, r.error());
     }
     if (to_set & FUSE_SET_ATTR_SIZE) {
@@ -1259,10 +1301,10 @@ void OpSetattr(fuse_req_t req, fuse_ino_t ino, struct stat* attr, int to_set,
         ts[1].tv_nsec = UTIME_NOW;
       else if (to_set & FUSE_SET_ATTR_MTIME)
         ts[1] = attr->st_mtim;
-      Status r = h ? h->Utimens(ts) : b.Utimens(c, *path, ts);
+      Status r = meta ? meta->Utimens(ts) : b.Utimens(c, *path, ts);
       if (!r) return self->ReplyError(req, r.error());
     }
-    Result<Attr> st = h ? h->Stat() : b.Stat(c, *path);
+    Result<Attr> st = meta ? meta->Stat() : b.Stat(c, *path);
     if (!st) return self->ReplyError(req, st.error());
     Attr shown = self->Shown(*st);
     fuse_reply_attr(req, &shown, self->options_.attr_timeout);
@@ -1440,6 +1482,13 @@ void OpOpen(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
     fi->fh = self->AddFile(std::move(*h), ino);
     // FUSE_CAP_AUTO_INVAL_DATA drops the cache when mtime or size change.
     fi->keep_cache = 1;
+    if (raw->MayDifferFromCache()) {
+      // Another session committed since this one last opened the file, and
+      // the change feed's invalidation may not have arrived: the kernel
+      // would serve this open the old pages, with the old size.
+      fi->keep_cache = 0;
+      self->ForgetCachedAttrs(ino);
+    }
     auto backing = self->PassThrough(fi);
     if (!backing) {
       self->ReleaseFile(fi->fh);
@@ -1476,8 +1525,10 @@ void OpCreate(fuse_req_t req, fuse_ino_t parent, const char* name, mode_t mode,
     e.attr_timeout = self->options_.attr_timeout;
     e.entry_timeout = self->options_.entry_timeout;
     fi->noflush = (*h)->NeedsFlush() ? 0 : 1;
+    // The attributes go with the reply; pages the kernel may hold of a file
+    // it knew (O_CREAT of an existing one) go with keep_cache = 0.
+    fi->keep_cache = (*h)->MayDifferFromCache() ? 0 : 1;
     fi->fh = self->AddFile(std::move(*h), e.ino);
-    fi->keep_cache = 1;
     auto backing = self->PassThrough(fi);
     if (!backing) {
       self->ReleaseFile(fi->fh);
@@ -1546,7 +1597,7 @@ void OpWriteBuf(fuse_req_t req, fuse_ino_t, fuse_bufvec* in, off_t off,
 void OpFlush(fuse_req_t req, fuse_ino_t, fuse_file_info* fi) {
   Guard(req, "flush", [&] {
     auto r = FileOf(fi)->Flush();
-    if (!r) return Self(req)->ReplyError(req, r.error());
+    if (!r) return Self(req)->ReplyCommitError(req, r.error());
     fuse_reply_err(req, 0);
   });
 }
@@ -1566,7 +1617,7 @@ void OpFsync(fuse_req_t req, fuse_ino_t, int datasync, fuse_file_info* fi) {
   Self(req)->Offload([req, h, datasync] {
     Guard(req, "fsync", [&] {
       auto r = h->Sync(datasync != 0);
-      if (!r) return Self(req)->ReplyError(req, r.error());
+      if (!r) return Self(req)->ReplyCommitError(req, r.error());
       fuse_reply_err(req, 0);
     });
   });

@@ -906,6 +906,72 @@ TEST_P(StoreConflictsInOneProcess, ALeaseNoHandleHoldsIsNotRenewed) {
   EXPECT_OK(backend->Open(b, P(orphan), O_WRONLY, 0));
 }
 
+// A holder whose user may no longer write the file (left the team, was
+// disabled) gives its lease up at the next renewal: its open handle no
+// longer keeps everyone else, admins included, out of the file, and what it
+// wrote is not committed.
+TEST_P(StoreConflictsInOneProcess, ALeaseEndsWhenItsHolderMayNoLongerWrite) {
+  StoreOptions options = QuickLeases();
+  options.auth_ttl = std::chrono::milliseconds(50);
+  auto backend = fx_->OpenBackend(options);
+  ASSERT_NE(backend, nullptr);
+  ASSERT_OK_AND_ASSIGN(auto engine, Engine::Open(fx_->db(), false));
+  vfs::Caller a = fx_->CallerFor("a");
+  vfs::Caller b = fx_->CallerFor("b");
+  vfs::Caller admin = fx_->CallerFor("admin");
+  const std::string path = "/memories/teams/t/plan.md";
+  {
+    ASSERT_OK_AND_ASSIGN(
+        auto f, backend->Open(admin, P(path), O_WRONLY | O_CREAT, 0644));
+    ASSERT_OK(f->Write("v1\n", 3, 0));
+    ASSERT_OK(f->Flush());
+  }
+  // Waits (up to 5 s, far beyond a renewal) until `c` may open the file for
+  // writing, then writes `data` through that open (having read it first, so
+  // as not to be a stale writer).
+  auto write_once_free = [&](const vfs::Caller& c, const std::string& data) {
+    auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+    if (auto seen = ReadPath(*backend, c, path); !seen) {
+      return vfs::Status(std::unexpected(seen.error()));
+    }
+    for (;;) {
+      auto f = backend->Open(c, P(path), O_WRONLY | O_TRUNC, 0);
+      if (f) {
+        auto put = (*f)->Write(data.data(), data.size(), 0);
+        if (!put) return vfs::Status(std::unexpected(put.error()));
+        return (*f)->Flush();
+      }
+      if (f.error().code != EBUSY ||
+          std::chrono::steady_clock::now() > deadline) {
+        return vfs::Status(std::unexpected(f.error()));
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+  };
+
+  // a leaves the team while writing.
+  ASSERT_OK_AND_ASSIGN(auto held_a, backend->Open(a, P(path), O_WRONLY, 0));
+  ASSERT_OK(held_a->Write("a2\n", 3, 0));
+  EXPECT_ERRNO(backend->Open(b, P(path), O_WRONLY, 0), EBUSY);
+  ASSERT_OK(store::RemoveMember(*engine, "admin", "t", "a"));
+  ASSERT_OK(write_once_free(b, "b2\n"));
+  EXPECT_FALSE(held_a->Flush().has_value());
+  held_a.reset();
+  ASSERT_OK_AND_ASSIGN(auto after_a, ReadPath(*backend, b, path));
+  EXPECT_EQ(after_a, "b2\n");
+
+  // b is disabled while writing.
+  ASSERT_OK_AND_ASSIGN(auto held_b, backend->Open(b, P(path), O_WRONLY, 0));
+  ASSERT_OK(held_b->Write("b3\n", 3, 0));
+  EXPECT_ERRNO(backend->Open(admin, P(path), O_WRONLY, 0), EBUSY);
+  ASSERT_OK(store::SetUserDisabled(*engine, "admin", "b", true));
+  ASSERT_OK(write_once_free(admin, "admin3\n"));
+  EXPECT_FALSE(held_b->Flush().has_value());
+  held_b.reset();
+  ASSERT_OK_AND_ASSIGN(auto after_b, ReadPath(*backend, admin, path));
+  EXPECT_EQ(after_b, "admin3\n");
+}
+
 // A release whose transaction fails leaves the lease's row behind; the
 // process no longer renews it, so it runs out instead of blocking the file
 // for as long as the process lives.
