@@ -359,7 +359,15 @@ TEST_F(RunCliTest, SigintStopsTheSessionCleanlyAndResumeGoesOn) {
                    "echo started > /workspace/started; sleep 30; "
                    "echo again >> /workspace/finished"),
               Final("Stopped, then finished.")};
+  // Sandbox sessions in a directory of this test's own: another test's
+  // sandbox may be mounted meanwhile (RunJsonWritesOnlyJsonToStandardOutput
+  // leaves a killed run's for its next run to sweep), and only this run's
+  // must be gone.
+  testing::TempDir state("agentvfs-run-state");
+  ASSERT_EQ(chmod(state.path().c_str(), 0711), 0);
+  setenv("XDG_RUNTIME_DIR", state.path().c_str(), 1);
   pid_t child = StartRun(api, "Do the long step.");
+  unsetenv("XDG_RUNTIME_DIR");
   ASSERT_GE(child, 0);
   for (int i = 0; i < 500 && !testing::ReadFile(ws_->Sub("started")); ++i)
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
@@ -381,7 +389,8 @@ TEST_F(RunCliTest, SigintStopsTheSessionCleanlyAndResumeGoesOn) {
   std::string id = list.output.substr(list.output.find("\nrun-") + 1, 20);
   // Nothing of the session is left: no view mount, no sandbox process.
   auto mounts = testing::ReadFile("/proc/self/mountinfo").value_or("");
-  EXPECT_EQ(mounts.find("agentvfs-sandbox-"), std::string::npos) << mounts;
+  EXPECT_EQ(mounts.find(state.path() + "/agentvfs-sandbox-"), std::string::npos)
+      << mounts;
   for (const auto& name :
        testing::ListDir("/proc").value_or(std::vector<std::string>{})) {
     auto cmdline = testing::ReadFile("/proc/" + name + "/cmdline");
