@@ -144,6 +144,15 @@ vfs::Result<StoreSession> OpenStoreAsUser(const StoreFlags& flags,
   // A live session ends when its token is replaced, not only when its user
   // is disabled.
   (*backend)->auth().PinToken(*user, store::HashToken(*token));
+  // A purge stopped before its compaction finished leaves purged bytes in
+  // the store's files: whoever can finish it is told at every command.
+  if (auto pending = (*backend)->CompactionPending(); pending && *pending) {
+    auto policy = (*backend)->auth().PolicyFor(*user);
+    if (policy && (*policy)->LevelOf("/") == store::Level::kAdmin)
+      std::cerr << "agentvfs: warning: a purge did not finish erasing (it was "
+                   "stopped before its compaction): purged bytes may remain "
+                   "in the store's files until you run `agentvfs compact`\n";
+  }
   StoreSession s;
   s.backend = std::move(*backend);
   s.caller.user = *user;

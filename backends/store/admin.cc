@@ -410,7 +410,10 @@ vfs::Status CompactStore(Engine& e, const std::string& actor) {
   TRY(e.Read([&](Txn& txn) -> vfs::Status {
     return NeedLevel(txn, actor, "/", Level::kAdmin);
   }));
-  return e.Compact();
+  TRY(e.Compact());
+  return e.Write(Durability::kProcess, [](Txn& txn) -> vfs::Status {
+    return MarkCompactionPending(txn, false);
+  });
 }
 
 }  // namespace agentvfs::store

@@ -458,6 +458,18 @@ vfs::Result<Inode> CreateNode(Txn& txn, const Inode& parent,
   return n;
 }
 
+vfs::Status MarkCompactionPending(Txn& txn, bool pending) {
+  auto r = pending ? txn.Exec(
+                         "INSERT INTO meta(key, value) VALUES("
+                         "'compaction_pending', '1') ON CONFLICT(key) DO "
+                         "NOTHING")
+                   : txn.Exec(
+                         "DELETE FROM meta WHERE key = "
+                         "'compaction_pending'");
+  if (!r) return std::unexpected(r.error());
+  return {};
+}
+
 vfs::Status TouchDir(Txn& txn, int64_t dir, int64_t now_ns) {
   auto ok =
       txn.Exec("UPDATE inodes SET mtime_ns = ?, ctime_ns = ? WHERE ino = ?",

@@ -124,6 +124,10 @@ vfs::Result<Inode> CreateNode(Txn& txn, const Inode& parent,
                               int64_t uid, int64_t gid,
                               const std::string& target, int64_t now_ns);
 
+// Marks (or clears) a purge whose compaction has not finished yet
+// (StoreBackend::CompactionPending).
+vfs::Status MarkCompactionPending(Txn& txn, bool pending);
+
 // Bumps a directory's mtime and ctime (an entry was added or removed).
 vfs::Status TouchDir(Txn& txn, int64_t dir, int64_t now_ns);
 

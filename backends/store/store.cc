@@ -511,6 +511,13 @@ class StoreBackend::Impl {
     std::erase_if(seen_at_, [](const auto& e) { return e.second == 0; });
     missing_ = 0;
   }
+  // The session itself put file `ino` at `path` (a rename, a link): it
+  // knows what is there, whatever it found there before.
+  void SetSeenAt(const std::string& session, const std::string& path,
+                 int64_t ino) {
+    std::lock_guard lock(nodes_mu_);
+    seen_at_[{session, path}] = ino;
+  }
   // The file the session last saw at `path` (0: none was there).
   std::optional<int64_t> SeenAt(const std::string& session,
                                 const std::string& path) {
@@ -2044,7 +2051,9 @@ Status StoreBackend::Link(const Caller& c, const Path& from, const Path& to) {
   TRY(Impl::NeedVisible(*policy, from.str()));
   TRY(Impl::NeedVisible(*policy, to.Parent().str()));
   int64_t now = NowNs();
-  return engine_->Write(Durability::kProcess, [&](Txn& txn) -> Status {
+  std::string placed;
+  int64_t placed_ino = 0;
+  TRY(engine_->Write(Durability::kProcess, [&](Txn& txn) -> Status {
     TRY_ASSIGN(src, WalkFor(txn, *policy, from.str(), false));
     if (!src.node) return Fail(ENOENT, "no such file");
     TRY(Impl::NeedWrite(*policy, src.path));
@@ -2064,8 +2073,12 @@ Status StoreBackend::Link(const Caller& c, const Path& from, const Path& to) {
         {now, src.node->ino});
     if (!up) return std::unexpected(up.error());
     TRY(TouchDir(txn, dst.parent->ino, now));
+    placed = dst.path;
+    placed_ino = src.node->ino;
     return RecordChange(txn, dst.path, c.session, now, impl_->Origin(c));
-  });
+  }));
+  if (!c.session.empty()) impl_->SetSeenAt(c.session, placed, placed_ino);
+  return {};
 }
 
 namespace {
@@ -2100,7 +2113,10 @@ Status StoreBackend::Rename(const Caller& c, const Path& from, const Path& to,
     return Fail(EINVAL, "unsupported rename flags");
   }
   int64_t now = NowNs();
-  return engine_->Write(Durability::kProcess, [&](Txn& txn) -> Status {
+  // Names and files the rename put in place, for the session's record.
+  std::vector<std::pair<std::string, int64_t>> placed;
+  TRY(engine_->Write(Durability::kProcess, [&](Txn& txn) -> Status {
+    placed.clear();
     TRY_ASSIGN(src, WalkFor(txn, *policy, from.str(), false));
     if (!src.node) return Fail(ENOENT, "no such file or directory");
     if (!src.parent) return Fail(EBUSY, "the root cannot be renamed");
@@ -2196,9 +2212,17 @@ Status StoreBackend::Rename(const Caller& c, const Path& from, const Path& to,
     if (!ct) return std::unexpected(ct.error());
     TRY(TouchDir(txn, src.parent->ino, now));
     TRY(TouchDir(txn, dst.parent->ino, now));
+    placed.emplace_back(dst.path, src.node->ino);
+    if ((flags & RENAME_EXCHANGE) && dst.node)
+      placed.emplace_back(src.path, dst.node->ino);
     TRY(RecordChange(txn, src.path, c.session, now, impl_->Origin(c)));
     return RecordChange(txn, dst.path, c.session, now, impl_->Origin(c));
-  });
+  }));
+  if (!c.session.empty()) {
+    for (const auto& [path, ino] : placed)
+      impl_->SetSeenAt(c.session, path, ino);
+  }
+  return {};
 }
 
 namespace {
@@ -2719,7 +2743,10 @@ Result<PurgeReport> StoreBackend::Purge(const Caller& c, const Path& path,
         report.bytes += AsInt((*refs)[0][1]);
       }
     }
-    return {};
+    // Until the compaction below has finished, the purged bytes may still
+    // be in the database's files: a purge stopped meanwhile (killed, a
+    // crash) leaves this mark for the next admin to see.
+    return MarkCompactionPending(txn, true);
   }));
   if (auto compacted = engine_->Compact(); !compacted) {
     vfs::Error e = compacted.error();
@@ -2732,7 +2759,22 @@ Result<PurgeReport> StoreBackend::Purge(const Caller& c, const Path& path,
              : "");
     return std::unexpected(e);
   }
+  (void)engine_->Write(Durability::kProcess, [](Txn& txn) -> Status {
+    return MarkCompactionPending(txn, false);
+  });
   return report;
+}
+
+Result<bool> StoreBackend::CompactionPending() {
+  bool pending = false;
+  TRY(engine_->Read([&](Txn& txn) -> Status {
+    auto rows =
+        txn.Query("SELECT 1 FROM meta WHERE key = 'compaction_pending'");
+    if (!rows) return std::unexpected(rows.error());
+    pending = !rows->empty();
+    return {};
+  }));
+  return pending;
 }
 
 }  // namespace agentvfs::store

@@ -157,6 +157,10 @@ class StoreBackend final : public vfs::Backend {
   // and content no version refers to any more; then compacts the database
   // so the bytes are gone from its files. A live file purged without
   // keep_current is removed.
+  // True when a purge committed but its compaction never finished (the
+  // process was stopped, or the compaction failed): purged bytes may still
+  // be in the database's files until `agentvfs compact` runs.
+  vfs::Result<bool> CompactionPending();
   vfs::Result<PurgeReport> Purge(const vfs::Caller& c, const vfs::Path& path,
                                  bool keep_current);
 

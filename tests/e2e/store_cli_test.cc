@@ -642,12 +642,18 @@ TEST_F(StoreCliTest, CompactFinishesAPurgeWhoseCompactionFailed) {
   sqlite3_close(reader);
   closer.db = nullptr;
 
+  // Until then, every command tells an admin of / (the one who can finish
+  // it), also when the purge was killed and said nothing.
+  const std::string pending = "did not finish erasing";
+  EXPECT_TRUE(Contains(MustAs(lead, {"grants"}), pending));
+  EXPECT_FALSE(Contains(As(dev, {"cat", file}).output, pending));
   ExpectRefused(dev, {"compact"}, "admin");
   std::string out = MustAs(lead, {"compact"});
   EXPECT_TRUE(Contains(out, "compacted")) << out;
   EXPECT_FALSE(Contains(AllFileBytes(store_dir_->path()), secret))
       << "purged content is still in the store's files";
   EXPECT_EQ(MustAs(dev, {"cat", file}), "rotated\n");
+  EXPECT_FALSE(Contains(MustAs(lead, {"grants"}), pending));
 }
 
 TEST_F(StoreCliTest, SkillsImportListAndExportRoundTrip) {

@@ -972,6 +972,46 @@ TEST_P(StoreConflictsInOneProcess, ALeaseEndsWhenItsHolderMayNoLongerWrite) {
   EXPECT_EQ(after_b, "admin3\n");
 }
 
+// A session that found no file at a name (the kernel looks a name up
+// before it creates, renames or links there) and then writes the file
+// another session made there since, unread, is the second of two creates:
+// EEXIST. A file the session moved or linked there itself is no such
+// thing: it knows what it put there.
+TEST_P(StoreConflictsInOneProcess,
+       ABlindCreateIsRefusedButNotAFileTheSessionPlaced) {
+  auto backend = fx_->OpenBackend();
+  ASSERT_NE(backend, nullptr);
+  vfs::Caller a = fx_->CallerFor("a");
+  vfs::Caller b = fx_->CallerFor("b");
+  const std::string dir = "/memories/teams/t/";
+  auto make = [&](const vfs::Caller& c, const std::string& name) {
+    auto f = backend->Open(c, P(dir + name), O_WRONLY | O_CREAT, 0644);
+    if (!f) return vfs::Status(std::unexpected(f.error()));
+    auto put = (*f)->Write("made by b\n", 10, 0);
+    if (!put) return vfs::Status(std::unexpected(put.error()));
+    return (*f)->Flush();
+  };
+  EXPECT_ERRNO(backend->Stat(a, P(dir + "new")), ENOENT);
+  ASSERT_OK(make(b, "new"));
+  auto blind = backend->Open(a, P(dir + "new"), O_WRONLY | O_CREAT, 0644);
+  ASSERT_ERRNO(blind, EEXIST);
+  EXPECT_NE(blind.error().message.find("user 'b'"), std::string::npos)
+      << blind.error().message;
+  EXPECT_ERRNO(backend->Unlink(a, P(dir + "new")), ESTALE);
+  ASSERT_OK_AND_ASSIGN(auto seen, ReadPath(*backend, a, dir + "new"));
+  EXPECT_EQ(seen, "made by b\n");
+  EXPECT_OK(backend->Open(a, P(dir + "new"), O_WRONLY | O_APPEND, 0));
+
+  ASSERT_OK(make(b, "moved"));
+  ASSERT_OK(make(b, "linked"));
+  for (const char* name : {"moved-here", "linked-here"})
+    EXPECT_ERRNO(backend->Stat(a, P(dir + name)), ENOENT);
+  ASSERT_OK(backend->Rename(a, P(dir + "moved"), P(dir + "moved-here"), 0));
+  ASSERT_OK(backend->Link(a, P(dir + "linked"), P(dir + "linked-here")));
+  EXPECT_OK(backend->Open(a, P(dir + "moved-here"), O_WRONLY | O_APPEND, 0));
+  EXPECT_OK(backend->Open(a, P(dir + "linked-here"), O_WRONLY | O_APPEND, 0));
+}
+
 // A release whose transaction fails leaves the lease's row behind; the
 // process no longer renews it, so it runs out instead of blocking the file
 // for as long as the process lives.
