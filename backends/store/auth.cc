@@ -223,6 +223,7 @@ vfs::Result<std::shared_ptr<const Policy>> AuthCache::PolicyFor(
   if (!ok) return std::unexpected(ok.error());
   std::lock_guard lock(mu_);
   cache_[user] = Entry{policy, now};
+  reported_.try_emplace(user, policy);
   return policy;
 }
 
@@ -231,9 +232,9 @@ vfs::Result<std::vector<std::string>> AuthCache::Refresh() {
       before;  // user -> (policy, pinned token hash)
   {
     std::lock_guard lock(mu_);
-    for (const auto& [user, entry] : cache_) {
+    for (const auto& [user, policy] : reported_) {
       auto pin = pinned_.find(user);
-      before[user] = {entry.policy,
+      before[user] = {policy,
                       pin == pinned_.end() ? std::string() : pin->second};
     }
   }
@@ -252,6 +253,7 @@ vfs::Result<std::vector<std::string>> AuthCache::Refresh() {
       changed.insert(std::move(path));
     std::lock_guard lock(mu_);
     cache_[user] = Entry{policy, now};
+    reported_[user] = policy;
   }
   return std::vector<std::string>(changed.begin(), changed.end());
 }

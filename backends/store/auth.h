@@ -114,6 +114,9 @@ class AuthCache {
   std::mutex mu_;  // guards cache_
   std::map<std::string, Entry, std::less<>> cache_;
   std::map<std::string, std::string, std::less<>> pinned_;  // user -> hash
+  // What Refresh() last compared against, per user: a PolicyFor() reload
+  // in between must not hide a change from it.
+  std::map<std::string, std::shared_ptr<const Policy>, std::less<>> reported_;
 };
 
 // Loads a policy straight from the database (no cache). With a

@@ -658,7 +658,8 @@ class StoreBackend::Impl {
   // and never read the one another session made there since gets
   // `blind_errno` (an open: EEXIST, as the second of two creates).
   Status CheckStale(Txn& txn, const Caller& c, const Inode& node,
-                    const std::string& path, int blind_errno = ESTALE) {
+                    const std::string& path, int blind_errno = ESTALE,
+                    bool appending = false) {
     auto seen = Seen(c.session, node.ino);
     if (!seen) {
       // Never read this file; but if the session read another one at this
@@ -667,6 +668,9 @@ class StoreBackend::Impl {
       // writing here would overwrite a version the session never saw.
       auto at = SeenAt(c.session, path);
       if (!at || *at == node.ino) return {};
+      // An append adds to what is there, whoever made it: no bytes of the
+      // file another session made are replaced.
+      if (*at == 0 && appending) return {};
       auto rows = txn.Query(
           "SELECT author, session, time_ns FROM versions "
           "WHERE ino = ? AND n = ?",
@@ -1064,7 +1068,10 @@ class StoreBackend::Impl {
               {ino, session, host_, int64_t{pid_}, pid_start_});
           if (!d) return std::unexpected(d.error());
           std::lock_guard lock(held_mu_);
-          held_.erase({session, ino});
+          // (An open of the session registering as a holder meanwhile keeps
+          // its mark; its commit is refused by the grants anyway.)
+          auto it = held_.find({session, ino});
+          if (it != held_.end() && it->second == 0) held_.erase(it);
           continue;
         }
         auto u = txn.Exec(
@@ -1743,7 +1750,8 @@ Result<std::unique_ptr<vfs::FileHandle>> StoreBackend::Open(const Caller& c,
       TRY(impl_->CheckLease(txn, c, w.node->ino, w.path, now));
       auto existing = impl_->FindNode(c.session, w.node->ino);
       if (!existing || !existing->has_draft)
-        TRY(impl_->CheckStale(txn, c, *w.node, w.path, EEXIST));
+        TRY(impl_->CheckStale(txn, c, *w.node, w.path, EEXIST,
+                              (flags & O_APPEND) && !(flags & O_TRUNC)));
       inode = *w.node;
       // A truncating open by a process without CAP_FSETID (not root) drops
       // the set-user-ID bit, and set-group-ID with group execute, as
@@ -1759,6 +1767,7 @@ Result<std::unique_ptr<vfs::FileHandle>> StoreBackend::Open(const Caller& c,
             txn.Exec("UPDATE inodes SET mode = ?, ctime_ns = ? WHERE ino = ?",
                      {int64_t{inode.mode}, now, inode.ino});
         if (!m) return std::unexpected(m.error());
+        TRY(RecordChange(txn, w.path, c.session, now, impl_->Origin(c)));
       }
     }
     canon = w.path;

@@ -1252,22 +1252,26 @@ void OpSetattr(fuse_req_t req, fuse_ino_t ino, struct stat* attr, int to_set,
     if (h == nullptr && path) {
       // fchmod, fchown and futimens come without a handle (only ftruncate
       // brings one), and the node's name may hold another host file by now
-      // (renamed beside the mount, by the sandbox). A file open here is
-      // changed through its handle, never through its old name: `tar` as
-      // root does fchown(fd, 0, 0) then fchmod(fd, 04755), and acting on the
-      // name made a planted file set-user-ID root. With none open, ESTALE
-      // makes the kernel look the name up again, as on a local filesystem.
+      // (renamed beside the mount, by the sandbox). Then a file open here
+      // is changed through its handle, never through the name: root's
+      // `tar` does fchown(fd, 0, 0) then fchmod(fd, 04755), and acting on
+      // the name made a planted file set-user-ID root. With none open,
+      // ESTALE makes the kernel look the name up again, as on a local
+      // filesystem. While the name still holds the node's file, the change
+      // goes by name as before, checked again by the host as the caller.
       if (auto key = self->KeyOf(ino)) {
-        auto open = self->AnyFileOf(ino);
-        if (open != nullptr && open->NativeFd() >= 0) {
-          // (Not for a size change: truncate(2) by path comes here too, and
-          // the open file may be a read-only descriptor.)
+        auto now = b.Stat(c, *path);
+        const bool elsewhere =
+            now ? now->st_dev != key->dev || now->st_ino != key->ino
+                : now.error().code == ENOENT;
+        if (elsewhere) {
+          auto open = self->AnyFileOf(ino);
+          if (open == nullptr)
+            return self->ReplyError(req, Error{ESTALE, kLookAgain});
+          // (Not for a size change: truncate(2) by path comes here too,
+          // and the open file may be a read-only descriptor.)
           any = std::move(open);
           meta = any.get();
-        } else if (auto now = b.Stat(c, *path);
-                   now &&
-                   (now->st_dev != key->dev || now->st_ino != key->ino)) {
-          return self->ReplyError(req, Error{ESTALE, kLookAgain});
         }
       }
     }

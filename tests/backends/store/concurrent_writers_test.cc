@@ -1001,6 +1001,11 @@ TEST_P(StoreConflictsInOneProcess,
   ASSERT_OK_AND_ASSIGN(auto seen, ReadPath(*backend, a, dir + "new"));
   EXPECT_EQ(seen, "made by b\n");
   EXPECT_OK(backend->Open(a, P(dir + "new"), O_WRONLY | O_APPEND, 0));
+  // An append replaces nothing: it goes through.
+  EXPECT_ERRNO(backend->Stat(a, P(dir + "log")), ENOENT);
+  ASSERT_OK(make(b, "log"));
+  EXPECT_OK(
+      backend->Open(a, P(dir + "log"), O_WRONLY | O_CREAT | O_APPEND, 0644));
 
   ASSERT_OK(make(b, "moved"));
   ASSERT_OK(make(b, "linked"));
