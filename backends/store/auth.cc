@@ -213,6 +213,16 @@ vfs::Result<std::shared_ptr<const Policy>> AuthCache::PolicyFor(
     }
     if (auto it = pinned_.find(user); it != pinned_.end()) pin = it->second;
   }
+  auto policy = Load(user, pin);
+  if (!policy) return policy;
+  std::lock_guard lock(mu_);
+  cache_[user] = Entry{*policy, now};
+  reported_.try_emplace(user, *policy);
+  return policy;
+}
+
+vfs::Result<std::shared_ptr<const Policy>> AuthCache::Load(
+    const std::string& user, const std::string& pin) {
   std::shared_ptr<const Policy> policy;
   auto ok = engine_.Read([&](Txn& txn) -> vfs::Status {
     auto p = LoadPolicy(txn, user, pin);
@@ -221,9 +231,6 @@ vfs::Result<std::shared_ptr<const Policy>> AuthCache::PolicyFor(
     return {};
   });
   if (!ok) return std::unexpected(ok.error());
-  std::lock_guard lock(mu_);
-  cache_[user] = Entry{policy, now};
-  reported_.try_emplace(user, policy);
   return policy;
 }
 
@@ -241,19 +248,13 @@ vfs::Result<std::vector<std::string>> AuthCache::Refresh() {
   std::set<std::string> changed;
   for (const auto& [user, old] : before) {
     auto now = std::chrono::steady_clock::now();
-    std::shared_ptr<const Policy> policy;
-    auto ok = engine_.Read([&](Txn& txn) -> vfs::Status {
-      auto p = LoadPolicy(txn, user, old.second);
-      if (!p) return std::unexpected(p.error());
-      policy = std::move(*p);
-      return {};
-    });
-    if (!ok) return std::unexpected(ok.error());
-    for (auto& path : old.first->Differences(*policy))
+    auto policy = Load(user, old.second);
+    if (!policy) return std::unexpected(policy.error());
+    for (auto& path : old.first->Differences(**policy))
       changed.insert(std::move(path));
     std::lock_guard lock(mu_);
-    cache_[user] = Entry{policy, now};
-    reported_[user] = policy;
+    cache_[user] = Entry{*policy, now};
+    reported_[user] = *policy;
   }
   return std::vector<std::string>(changed.begin(), changed.end());
 }

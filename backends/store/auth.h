@@ -109,6 +109,9 @@ class AuthCache {
     std::shared_ptr<const Policy> policy;
     std::chrono::steady_clock::time_point loaded;
   };
+  // Reads `user`'s policy from the store (`pin`: see PinToken).
+  vfs::Result<std::shared_ptr<const Policy>> Load(const std::string& user,
+                                                  const std::string& pin);
   Engine& engine_;
   std::chrono::milliseconds ttl_;
   std::mutex mu_;  // guards cache_

@@ -25,6 +25,7 @@
 #include <sstream>
 #include <thread>
 #include <tuple>
+#include <utility>
 
 #include "backends/store/admin.h"
 #include "backends/store/namespace.h"
@@ -483,12 +484,14 @@ class StoreBackend::Impl {
   }
 
   // The session read (or wrote) `version` of file `ino`, found at `path`
-  // (canonical; "" when not known).
-  void SetSeen(const std::string& session, int64_t ino, int64_t version,
-               const std::string& path) {
+  // (canonical; "" when not known). Returns the version it had seen before.
+  std::optional<int64_t> SetSeen(const std::string& session, int64_t ino,
+                                 int64_t version, const std::string& path) {
     std::lock_guard lock(nodes_mu_);
-    seen_[{session, ino}] = version;
     if (!path.empty()) seen_at_[{session, path}] = ino;
+    auto [it, added] = seen_.try_emplace({session, ino}, version);
+    if (added) return std::nullopt;
+    return std::exchange(it->second, version);
   }
   std::optional<int64_t> Seen(const std::string& session, int64_t ino) {
     std::lock_guard lock(nodes_mu_);
@@ -1696,8 +1699,7 @@ Result<std::unique_ptr<vfs::FileHandle>> StoreBackend::Open(const Caller& c,
       canon = w.path;
       return {};
     }));
-    auto before = impl_->Seen(c.session, inode.ino);
-    impl_->SetSeen(c.session, inode.ino, inode.version, canon);
+    auto before = impl_->SetSeen(c.session, inode.ino, inode.version, canon);
     auto node = impl_->GetNode(c.session, inode.ino);
     {
       std::lock_guard lock(node->mu);
@@ -1841,10 +1843,9 @@ Result<std::unique_ptr<vfs::FileHandle>> StoreBackend::Open(const Caller& c,
     node->dirty = true;
     node->last_write_ns = now;
   }
-  auto before = impl_->Seen(c.session, inode.ino);
+  auto before = impl_->SetSeen(c.session, inode.ino, node->base_version, canon);
   const bool may_differ =
       !created && (!before || *before != node->base_version);
-  impl_->SetSeen(c.session, inode.ino, node->base_version, canon);
   lock.unlock();
   auto file = std::make_unique<StoreFile>(*impl_, c, std::move(node), flags,
                                           true, inode.content, inode.size,

@@ -298,7 +298,9 @@ TEST_P(TwoMountsTest, TheWritebackCacheIsRefusedWithAStore) {
   EXPECT_NE(error.find("--writeback-cache cannot serve a store"),
             std::string::npos)
       << error;
-  if (view) EXPECT_EQ(view->Stop(), 0);
+  if (view) {
+    EXPECT_EQ(view->Stop(), 0);
+  }
 }
 
 // A session that found no file at a path and then opens for writing the
