@@ -235,7 +235,10 @@ void AddCommonFlags(CLI::App* cmd, ExecArgs* args) {
                   "/memories, /skills or below");
   cmd->add_option("--env", args->env,
                   "NAME=VALUE added to the sandbox's environment (repeatable; "
-                  "nothing of yours is passed otherwise)");
+                  "nothing of yours is passed otherwise)")
+      // One NAME=VALUE per --env: otherwise CLI11 lets the list run on,
+      // and `--env A=1 -- sh -c ...` lost the command's `-c`.
+      ->allow_extra_args(false);
   cmd->add_option("--timeout", args->timeout,
                   "Wall-clock seconds before every process of the sandbox is "
                   "killed (0: none; exec default 120, shell none)")

@@ -38,6 +38,7 @@ void AddSkillsImport(CLI::App* skills, int* exit_code) {
       ->required();
   AddStoreFlags(cmd, &a->store);
   cmd->callback([a, exit_code] {
+    SignalGuard signals;  // as for export: Ctrl-C stops between pieces
     *exit_code = RunAsUser(
         "skills import", a->store, "cli-skills",
         [&](StoreSession& s) -> vfs::Status {
@@ -60,8 +61,9 @@ void AddSkillsImport(CLI::App* skills, int* exit_code) {
                                          "; nothing was imported (ask an "
                                          "admin for a write grant there)");
           }
-          auto imported =
-              store::ImportHostSkills(*s.backend, s.caller, std::move(*found));
+          auto imported = store::ImportHostSkills(
+              *s.backend, s.caller, std::move(*found),
+              [&signals] { return signals.signal() != 0; });
           if (!imported) return std::unexpected(imported.error());
           for (const auto& skill : *imported) {
             std::cout << "imported " << skill.name << ": "
@@ -69,6 +71,7 @@ void AddSkillsImport(CLI::App* skills, int* exit_code) {
           }
           return {};
         });
+    if (signals.signal() != 0) *exit_code = 128 + signals.signal();
   });
 }
 
@@ -143,7 +146,8 @@ void AddExport(CLI::App& app, int* exit_code) {
           store::ExportOptions options;
           options.into_non_empty = a->merge;
           options.stopped = [&signals] { return signals.signal() != 0; };
-          // A failed export removes the directory it made (and only that).
+          // A failed export removes the directory it made, or empties the
+          // empty one it found.
           auto ok = store::ExportTree(*s.backend, s.caller, *src, a->host_dir,
                                       options);
           if (!ok && ok.error().code == EINTR)
@@ -151,8 +155,9 @@ void AddExport(CLI::App& app, int* exit_code) {
                                         ? "interrupted: what was copied stays; "
                                           "run the export again with --merge "
                                           "to finish"
-                                        : "interrupted: the directory it made "
-                                          "was removed again");
+                                        : "interrupted: nothing of the copy "
+                                          "was left in " +
+                                              a->host_dir);
           if (!ok) return ok;
           std::cout << "exported " << src->str() << " to " << a->host_dir
                     << "\n";

@@ -9,8 +9,10 @@
 #include <dirent.h>
 #include <fcntl.h>
 #include <limits.h>
+#include <linux/openat2.h>
 #include <stdlib.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <sys/vfs.h>
 #include <unistd.h>
 #include <yaml-cpp/yaml.h>
@@ -91,7 +93,13 @@ std::string Escaped(std::string_view s) {
   return out;
 }
 
-std::string Quote(std::string_view s) { return "\"" + Escaped(s) + "\""; }
+std::string Quote(std::string_view s) {
+  // Built in place: GCC 12 warns (-Wrestrict, wrongly) about "..." + string.
+  std::string out(1, '"');
+  out += Escaped(s);
+  out += '"';
+  return out;
+}
 
 // Characters (UTF-8 code points), which is what the spec's limits count.
 size_t CountChars(std::string_view s) {
@@ -570,9 +578,37 @@ bool StaysInside(const std::string& target, int depth) {
   return true;
 }
 
+// Whether the symlink target `target`, in the directory `rel` below the
+// tree `root_fd` ("" for its top), leads out of the tree when the kernel
+// follows it, symlinks on the way included. A lexical reading misses
+// those: with `up -> .`, `up/../x` names the tree's parent. Checked with
+// openat2(RESOLVE_BENEATH), which refuses any step out; of a target that
+// does not exist (a dangling link), the part that exists is checked.
+bool LeadsOut(int root_fd, const std::string& rel, const std::string& target) {
+  std::string path = rel.empty() ? target : rel + "/" + target;
+  struct open_how how = {};
+  how.flags = O_PATH | O_CLOEXEC;
+  how.resolve = RESOLVE_BENEATH | RESOLVE_NO_MAGICLINKS;
+  for (int attempt = 0; !path.empty();) {
+    long fd = syscall(SYS_openat2, root_fd, path.c_str(), &how, sizeof(how));
+    if (fd >= 0) {
+      close(static_cast<int>(fd));
+      return false;
+    }
+    if (errno == EXDEV) return true;
+    if (errno == EINTR || (errno == EAGAIN && ++attempt < 16)) continue;
+    // Missing, not a directory, a loop: check what leads there.
+    size_t slash = path.find_last_of('/');
+    if (slash == std::string::npos) return false;
+    path.resize(slash);
+  }
+  return false;
+}
+
 // Adds a problem for every special file in the tree below `dirfd`, and,
-// with `depth` >= 0 (how far `dirfd` is below the top), for every symlink
-// that leads out of the tree: a skill must be whole in its folder.
+// with `depth` >= 0 (how far `dirfd` is below the top, `rel` below
+// `root_fd`), for every symlink that leads out of the tree: a skill must
+// be whole in its folder.
 // A host directory that is a store directory seen through a mount of the
 // store (a FUSE filesystem showing the store's inode number): importing a
 // tree into a directory inside it, or exporting one into a directory of
@@ -595,7 +631,8 @@ bool OnFuse(int fd) {
 }
 
 Status ScanHostTree(int dirfd, const std::string& shown, Problems& problems,
-                    int depth = -1, const SelfCheck* self = nullptr) {
+                    int depth = -1, const SelfCheck* self = nullptr,
+                    int root_fd = -1, const std::string& rel = {}) {
   auto entries = ListHostDir(dirfd, shown);
   if (!entries) return Unexpected(entries.error());
   for (const HostEntry& e : *entries) {
@@ -611,7 +648,8 @@ Status ScanHostTree(int dirfd, const std::string& shown, Problems& problems,
       auto sub = OpenHostSubdir(dirfd, e.name, child);
       if (!sub) return Unexpected(sub.error());
       if (auto s = ScanHostTree(sub->get(), child, problems,
-                                depth < 0 ? -1 : depth + 1, self);
+                                depth < 0 ? -1 : depth + 1, self, root_fd,
+                                rel.empty() ? e.name : rel + "/" + e.name);
           !s)
         return s;
     } else if (S_ISLNK(e.st.st_mode)) {
@@ -619,7 +657,8 @@ Status ScanHostTree(int dirfd, const std::string& shown, Problems& problems,
       auto target = ReadHostLink(dirfd, e.name, child);
       if (!target) {
         problems.Add(target.error());
-      } else if (!StaysInside(*target, depth)) {
+      } else if (!StaysInside(*target, depth) ||
+                 LeadsOut(root_fd, rel, *target)) {
         problems.Add(child + ": a symlink to " + *target +
                      ", outside the skill's folder; a skill must hold "
                      "everything it uses (copy the file in, or link within "
@@ -627,6 +666,12 @@ Status ScanHostTree(int dirfd, const std::string& shown, Problems& problems,
       }
     } else if (!S_ISREG(e.st.st_mode)) {
       problems.Add(SpecialFileMessage(child, e.st.st_mode));
+    } else if (faccessat(dirfd, e.name.c_str(), R_OK, AT_EACCESS) != 0 &&
+               errno == EACCES) {
+      // Found now, not after the files before it were committed.
+      problems.Add(child +
+                   ": cannot be read by this user (permission denied); make "
+                   "it readable, or move it out of the folder");
     }
   }
   return {};
@@ -777,7 +822,9 @@ Result<SkillInfo> ValidateSkillAt(int dirfd, const std::string& shown,
   } else {
     info = std::move(*parsed);
   }
-  if (auto s = ScanHostTree(dirfd, shown, problems, /*depth=*/0); !s)
+  if (auto s = ScanHostTree(dirfd, shown, problems, /*depth=*/0, nullptr,
+                            /*root_fd=*/dirfd);
+      !s)
     problems.Add(s.error());
   if (!problems.empty()) return Unexpected(problems.ToError());
   return info;
@@ -1344,6 +1391,49 @@ class Exporter {
 
 }  // namespace
 
+// yaml-cpp takes a quoted scalar left open to the end of the text as
+// ending there (`description: "unterminated` is "unterminated "), where the
+// YAML spec and other parsers fail. Returns the mark of the first quoted
+// scalar below `node` that has no closing quote in `yaml`.
+std::optional<YAML::Mark> UnclosedQuote(const YAML::Node& node,
+                                        std::string_view yaml) {
+  switch (node.Type()) {
+    case YAML::NodeType::Map:
+      for (const auto& kv : node) {
+        if (auto m = UnclosedQuote(kv.first, yaml)) return m;
+        if (auto m = UnclosedQuote(kv.second, yaml)) return m;
+      }
+      return std::nullopt;
+    case YAML::NodeType::Sequence:
+      for (const YAML::Node& item : node) {
+        if (auto m = UnclosedQuote(item, yaml)) return m;
+      }
+      return std::nullopt;
+    case YAML::NodeType::Scalar:
+      break;
+    default:
+      return std::nullopt;
+  }
+  YAML::Mark mark = node.Mark();
+  if (mark.is_null() || mark.pos < 0 ||
+      static_cast<size_t>(mark.pos) >= yaml.size())
+    return std::nullopt;
+  char quote = yaml[static_cast<size_t>(mark.pos)];
+  if (quote != '"' && quote != '\'') return std::nullopt;
+  for (size_t i = static_cast<size_t>(mark.pos) + 1; i < yaml.size(); ++i) {
+    if (quote == '"' && yaml[i] == '\\') {
+      ++i;  // an escape: the next character is part of the text
+    } else if (yaml[i] == quote) {
+      if (quote == '\'' && i + 1 < yaml.size() && yaml[i + 1] == '\'') {
+        ++i;  // '' is a quote inside single quotes
+      } else {
+        return std::nullopt;
+      }
+    }
+  }
+  return mark;
+}
+
 vfs::Result<SkillInfo> ParseSkillMd(std::string_view text,
                                     std::string_view folder_name,
                                     std::string_view file_for_messages) {
@@ -1354,6 +1444,9 @@ vfs::Result<SkillInfo> ParseSkillMd(std::string_view text,
   SkillInfo info;
   try {
     YAML::Node root = YAML::Load(std::string(*yaml));
+    if (auto open = UnclosedQuote(root, *yaml)) {
+      throw YAML::ParserException(*open, "a quoted string is never closed");
+    }
     FieldChecker(file, folder_name, problems).Check(root, info);
   } catch (const YAML::Exception& e) {
     std::string where;
@@ -1528,6 +1621,9 @@ vfs::Status ExportTree(vfs::Backend& backend, const vfs::Caller& caller,
   struct stat top;
   if (fstat(root.get(), &top) != 0) return HostErrno("stat", host_dir);
 
+  // Whether everything in the directory is ours: one it made, or an
+  // existing one found empty.
+  bool all_ours = created;
   auto copy = [&]() -> vfs::Status {
     if (!options.into_non_empty) {
       auto entries = ListHostDir(root.get(), host_dir);
@@ -1537,6 +1633,7 @@ vfs::Status ExportTree(vfs::Backend& backend, const vfs::Caller& caller,
                                 ": is not empty; export into a new or empty "
                                 "directory, or merge into this one (--merge)");
       }
+      all_ours = true;
     }
     if (auto s = MakeHostDirWritable(root.get(), host_dir); !s) return s;
     const mode_t umask = CurrentUmask();
@@ -1556,16 +1653,24 @@ vfs::Status ExportTree(vfs::Backend& backend, const vfs::Caller& caller,
     return {};
   };
   auto result = copy();
-  if (!result && created) {
-    // Leave no half-written copy behind: empty the directory this call
-    // made, through its descriptor, and remove it if its name still leads
-    // to it.
+  if (!result && all_ours) {
+    // Leave no half-written copy behind: empty the directory, through its
+    // descriptor; remove it if this call made it and its name still leads
+    // to it, else give it back its mode.
     int fd = dup(root.get());
     if (fd >= 0) vfs::RemoveTreeAt(fd);
     struct stat now;
-    if (fstatat(parent.get(), name.c_str(), &now, AT_SYMLINK_NOFOLLOW) == 0 &&
-        now.st_dev == top.st_dev && now.st_ino == top.st_ino) {
+    if (!created) {
+      fchmod(root.get(), top.st_mode & 07777);
+    } else if (fstatat(parent.get(), name.c_str(), &now, AT_SYMLINK_NOFOLLOW) ==
+                   0 &&
+               now.st_dev == top.st_dev && now.st_ino == top.st_ino) {
       unlinkat(parent.get(), name.c_str(), AT_REMOVEDIR);
+    }
+    if (result.error().code != EINTR) {
+      result.error().message +=
+          created ? "; the directory it made was removed"
+                  : "; what it had copied into " + host_dir + " was removed";
     }
   }
   return result;
@@ -1581,7 +1686,7 @@ vfs::Result<std::vector<SkillInfo>> ImportSkills(vfs::Backend& backend,
 
 vfs::Result<std::vector<SkillInfo>> ImportHostSkills(
     vfs::Backend& backend, const vfs::Caller& caller,
-    std::vector<HostSkill> skills) {
+    std::vector<HostSkill> skills, std::function<bool()> stopped) {
   auto root = Path::Parse(kSkillsRoot);
   if (!root) return Unexpected(root.error());
   std::vector<SkillInfo> imported;
@@ -1602,8 +1707,10 @@ vfs::Result<std::vector<SkillInfo>> ImportHostSkills(
     }
     auto again = ValidateSkillAt(dir.get(), skill.host_dir, skill.info.name);
     if (!again) return Unexpected(again.error());
+    ImportOptions options;
+    options.stopped = stopped;
     if (auto s = ImportOpenTree(backend, caller, dir.get(), skill.host_dir,
-                                *dest, ImportOptions{});
+                                *dest, options);
         !s) {
       std::string before;
       for (const auto& done : imported)
@@ -1612,11 +1719,14 @@ vfs::Result<std::vector<SkillInfo>> ImportHostSkills(
       // with old ones. Say so, and how to finish.
       Error e = s.error();
       e.message =
-          "importing skill " + skill.info.name + " from " + skill.host_dir +
-          ": " + e.message + "; " + dest->str() +
+          (e.code == EINTR ? "interrupted while importing skill " +
+                                 skill.info.name + " from " + skill.host_dir
+                           : "importing skill " + skill.info.name + " from " +
+                                 skill.host_dir + ": " + e.message) +
+          "; " + dest->str() +
           " may now hold part of the new files (earlier versions are "
-          "in their history): run the import again once this is "
-          "fixed" +
+          "in their history): run the import again" +
+          (e.code == EINTR ? " to finish" : " once this is fixed") +
           (before.empty() ? "" : " (imported before it: " + before + ")");
       return std::unexpected(e);
     }

@@ -157,7 +157,8 @@ struct ExportOptions {
 // Copies the directory `src` of `backend` to the host directory `host_dir`,
 // which is created when missing (its parent must exist), relative to its
 // parent's descriptor; an export that fails removes the directory it made,
-// through that descriptor (never by path). `host_dir` and everything in it
+// through that descriptor (never by path), or empties the empty one it
+// found. `host_dir` and everything in it
 // get the store's modes less the process's umask (as tar does for a user
 // who is not root) and mtimes, except that a host directory merged into
 // keeps its own mode. ENOTDIR when `src` is not a
@@ -183,9 +184,11 @@ vfs::Result<std::vector<SkillInfo>> ImportSkills(vfs::Backend& backend,
 // folder is opened again and must still be the folder that was validated
 // (same device and inode; EINVAL otherwise, naming it), and its SKILL.md is
 // validated again from that same descriptor before anything is copied.
+// `stopped` is asked between files and pieces, as ImportOptions::stopped
+// (EINTR, naming the skill that may now be mixed).
 vfs::Result<std::vector<SkillInfo>> ImportHostSkills(
     vfs::Backend& backend, const vfs::Caller& caller,
-    std::vector<HostSkill> skills);
+    std::vector<HostSkill> skills, std::function<bool()> stopped = {});
 
 // Reads and validates `<skill_dir>/SKILL.md` inside `backend` (the first
 // kMaxSkillMdReadBytes of it), e.g. to list the skills a caller can see.

@@ -104,6 +104,16 @@ TEST_F(SandboxCliTest, OutputCutByTheCapIsSaidAndFails) {
   EXPECT_EQ(fits.output, "small\n");
 }
 
+// Each --env takes one NAME=VALUE, wherever it stands: the command after
+// `--` keeps its own options (CLI11 let the list run on, and `-c` was
+// refused as an unexpected argument).
+TEST_F(SandboxCliTest, EnvTakesOneValueAndLeavesTheCommandItsOptions) {
+  auto r = Exec({"sh", "-c", "echo \"$A,$B\""},
+                {"--env", "A=1", "--env=B=two words"});
+  EXPECT_EQ(r.exit_status, 0) << r.output;
+  EXPECT_EQ(r.output, "1,two words\n");
+}
+
 TEST_F(SandboxCliTest, ExecReportsTimeoutsSignalsAndBadInput) {
   auto t = Exec({"sleep", "30"}, {"--timeout", "0.5"});
   EXPECT_EQ(t.exit_status, 124);

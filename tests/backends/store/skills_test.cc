@@ -9,6 +9,7 @@
 #include <fcntl.h>
 #include <gtest/gtest.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -245,6 +246,29 @@ TEST(SkillMd, RejectsMalformedYamlWithItsLine) {
       std::string(kFile) + ": front matter is not valid YAML (line 3"));
   EXPECT_TRUE(RejectedWith(Parse("name: pdf\ndescription: [unclosed\n"),
                            ": front matter is not valid YAML"));
+}
+
+// yaml-cpp alone reads a quoted string left open as ending at the end of
+// the front matter; the file is refused, naming the line where it opens.
+// Closed quotes, escaped quotes and '' inside single quotes are fine.
+TEST(SkillMd, RejectsAQuotedStringThatIsNeverClosed) {
+  for (const char* yaml :
+       {"name: pdf\ndescription: \"unterminated\n",
+        "name: pdf\ndescription: 'unterminated\n",
+        "name: pdf\ndescription: \"ends in an escape \\\"\n",
+        "name: pdf\ndescription: 'it''s open\n",
+        "name: pdf\ndescription: x\nmetadata:\n  \"key: v\n"}) {
+    EXPECT_TRUE(RejectedWith(Parse(yaml), std::string(kFile) +
+                                              ": front matter is not valid "
+                                              "YAML (line "))
+        << yaml;
+    EXPECT_TRUE(RejectedWith(Parse(yaml), "a quoted string is never closed"))
+        << yaml;
+  }
+  auto ok = Parse(
+      "name: \"pdf\"\ndescription: 'it''s \"fine\"'\nlicense: \"a \\\" b\"\n");
+  ASSERT_TRUE(ok.has_value()) << ok.error().message;
+  EXPECT_EQ(ok->description, "it's \"fine\"");
 }
 
 TEST(SkillMd, RejectsFrontMatterThatIsNotAMapping) {
@@ -618,6 +642,82 @@ TEST_F(SkillsTest, ValidateSkillFolderRejectsLinksOutOfTheSkill) {
   EXPECT_EQ(r.error().message.find("pdf/run:"), std::string::npos);
 }
 
+// A file the importing user cannot read is named before anything is
+// copied (not after the files before it were committed). Checked as
+// "nobody": root reads everything.
+TEST_F(SkillsTest, ValidateSkillFolderNamesAFileTheUserCannotRead) {
+  MakeSkill(host_.Sub("pdf"), Fields("pdf"));
+  ASSERT_TRUE(WriteFile(host_.Sub("pdf/a.md"), "a\n"));
+  ASSERT_TRUE(WriteFile(host_.Sub("pdf/secret.md"), "s\n"));
+  ASSERT_EQ(chmod(host_.Sub("pdf/secret.md").c_str(), 0600), 0);
+  ASSERT_EQ(chmod(host_.path().c_str(), 0755), 0);
+  int pipefd[2];
+  ASSERT_EQ(pipe(pipefd), 0);
+  pid_t pid = fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    close(pipefd[0]);
+    std::string out = "could not become nobody";
+    if (setresgid(65534, 65534, 65534) == 0 &&
+        setresuid(65534, 65534, 65534) == 0) {
+      auto r = ValidateSkillFolder(host_.Sub("pdf"));
+      out = r ? "valid" : r.error().message;
+    }
+    (void)!write(pipefd[1], out.data(), out.size());
+    _exit(0);
+  }
+  close(pipefd[1]);
+  std::string got;
+  char buf[4096];
+  for (ssize_t n; (n = read(pipefd[0], buf, sizeof buf)) > 0;)
+    got.append(buf, static_cast<size_t>(n));
+  close(pipefd[0]);
+  int status = 0;
+  ASSERT_EQ(waitpid(pid, &status, 0), pid);
+  EXPECT_NE(
+      got.find(host_.Sub("pdf/secret.md") + ": cannot be read by this user"),
+      std::string::npos)
+      << got;
+  EXPECT_EQ(got.find("a.md"), std::string::npos) << got;
+}
+
+// A link whose text stays inside but passes through another link is
+// followed as the kernel follows it: with `up -> .`, `up/../secret` is the
+// folder's parent, and a chain of such links reaches anywhere. A link
+// through an in-folder link to a directory, and a dangling one, are fine.
+TEST_F(SkillsTest, ValidateSkillFolderFollowsLinksOnTheWayOut) {
+  MakeSkill(host_.Sub("pdf"), Fields("pdf"));
+  ASSERT_TRUE(WriteFile(host_.Sub("secret"), "outside\n"));
+  ASSERT_EQ(mkdir(host_.Sub("pdf/src").c_str(), 0755), 0);
+  ASSERT_EQ(mkdir(host_.Sub("pdf/src/lib").c_str(), 0755), 0);
+  ASSERT_TRUE(WriteFile(host_.Sub("pdf/src/lib/x.py"), "x = 1\n"));
+  ASSERT_EQ(symlink("src/lib", host_.Sub("pdf/lib").c_str()), 0);
+  ASSERT_EQ(symlink("lib/x.py", host_.Sub("pdf/x").c_str()), 0);
+  ASSERT_EQ(symlink("lib/../lib/x.py", host_.Sub("pdf/y").c_str()), 0);
+  ASSERT_EQ(symlink("lib/nowhere/../at/all", host_.Sub("pdf/gone").c_str()), 0);
+  ASSERT_EQ(symlink(".", host_.Sub("pdf/up").c_str()), 0);
+  ASSERT_EQ(symlink("up/SKILL.md", host_.Sub("pdf/skill").c_str()), 0);
+  ASSERT_OK(ValidateSkillFolder(host_.Sub("pdf")));
+
+  ASSERT_EQ(symlink("up/../secret", host_.Sub("pdf/leak").c_str()), 0);
+  ASSERT_EQ(mkdir(host_.Sub("pdf/e").c_str(), 0755), 0);
+  ASSERT_EQ(symlink("../up/..", host_.Sub("pdf/e/ee").c_str()), 0);
+  ASSERT_EQ(symlink("e/ee/../secret", host_.Sub("pdf/chain").c_str()), 0);
+  ASSERT_EQ(symlink("up/../missing/file", host_.Sub("pdf/far").c_str()), 0);
+  auto r = ValidateSkillFolder(host_.Sub("pdf"));
+  ASSERT_FALSE(r.has_value());
+  for (const char* bad : {"pdf/leak", "pdf/e/ee", "pdf/chain", "pdf/far"}) {
+    EXPECT_NE(r.error().message.find(host_.Sub(bad) + ": a symlink to"),
+              std::string::npos)
+        << bad << ": " << r.error().message;
+  }
+  for (const char* good :
+       {"pdf/lib:", "pdf/x:", "pdf/y:", "pdf/gone:", "pdf/up:", "pdf/skill:"}) {
+    EXPECT_EQ(r.error().message.find(good), std::string::npos)
+        << good << ": " << r.error().message;
+  }
+}
+
 // ------------------------------------------------------------ ImportSkills
 
 TEST_F(SkillsTest, ImportSkillsImportsEveryFolderOfAFolderOfSkills) {
@@ -642,6 +742,29 @@ TEST_F(SkillsTest, ImportSkillsImportsEveryFolderOfAFolderOfSkills) {
                        ReadSkillInfo(router_, caller_, P("/skills/pdf")));
   EXPECT_EQ(read.name, "pdf");
   EXPECT_EQ(read.description, "The pdf skill.");
+}
+
+// A stopped import (Ctrl-C of `skills import`) is EINTR and names the
+// skill it was copying and those imported before it.
+TEST_F(SkillsTest, AStoppedSkillsImportSaysWhichSkillMayBeMixed) {
+  MakeSkill(host_.Sub("skills/aaa"), Fields("aaa"));
+  MakeSkill(host_.Sub("skills/bbb"), Fields("bbb"));
+  ASSERT_TRUE(WriteFile(host_.Sub("skills/bbb/more.md"), "more\n"));
+  ASSERT_OK_AND_ASSIGN(auto found, FindSkills(host_.Sub("skills")));
+  int asked = 0;
+  bool in_bbb = false;
+  auto r = ImportHostSkills(router_, caller_, std::move(found), [&] {
+    in_bbb = in_bbb || std::filesystem::exists(store_.Sub("bbb"));
+    return in_bbb && ++asked > 1;
+  });
+  ASSERT_ERRNO(r, EINTR);
+  EXPECT_NE(r.error().message.find("interrupted while importing skill bbb"),
+            std::string::npos)
+      << r.error().message;
+  EXPECT_NE(r.error().message.find("run the import again to finish "
+                                   "(imported before it: aaa)"),
+            std::string::npos)
+      << r.error().message;
 }
 
 // A folder of skills others can write: a skill folder swapped for a
@@ -862,6 +985,17 @@ TEST_F(SkillsTest, AStoppedExportLeavesNothingHalfDone) {
                         out_.Sub("stopped"), stop);
     ASSERT_ERRNO(r, EINTR);
     EXPECT_FALSE(std::filesystem::exists(out_.Sub("stopped"))) << after;
+    // An empty directory that was there is emptied again, its mode kept.
+    ASSERT_EQ(mkdir(out_.Sub("empty").c_str(), 0750), 0);
+    asked = 0;
+    r = ExportTree(router_, caller_, P("/skills/sample"), out_.Sub("empty"),
+                   stop);
+    ASSERT_ERRNO(r, EINTR);
+    EXPECT_EQ(ListDir(out_.Sub("empty")), std::vector<std::string>{}) << after;
+    struct stat st {};
+    ASSERT_EQ(stat(out_.Sub("empty").c_str(), &st), 0);
+    EXPECT_EQ(st.st_mode & 07777, 0750u);
+    ASSERT_EQ(rmdir(out_.Sub("empty").c_str()), 0);
   }
   // A merge into a directory with a killed export's temporary file.
   ASSERT_EQ(mkdir(out_.Sub("merged").c_str(), 0755), 0);
@@ -1104,8 +1238,8 @@ TEST_F(SkillsTest, NeitherExportNorImportFollowsASymlinkAsTheirHostDirectory) {
   EXPECT_OK(ImportTree(router_, caller_, host_.Sub("pdf"), P("/skills/x")));
 }
 
-// An export that fails removes the directory it made, and nothing else; a
-// directory that was there before stays.
+// An export that fails removes the directory it made, and nothing else; an
+// empty directory that was there before stays, emptied again.
 TEST_F(SkillsTest, AFailedExportRemovesOnlyTheDirectoryItMade) {
   ASSERT_EQ(mkdir(store_.Sub("kit").c_str(), 0755), 0);
   ASSERT_TRUE(WriteFile(store_.Sub("kit/a.md"), "a\n"));
@@ -1116,9 +1250,16 @@ TEST_F(SkillsTest, AFailedExportRemovesOnlyTheDirectoryItMade) {
                EIO);
   EXPECT_EQ(ListDir(out_.path()), std::vector<std::string>{});
   ASSERT_EQ(mkdir(out_.Sub("old").c_str(), 0755), 0);
-  EXPECT_ERRNO(ExportTree(failing, caller_, P("/skills/kit"), out_.Sub("old")),
-               EIO);
+  auto r = ExportTree(failing, caller_, P("/skills/kit"), out_.Sub("old"));
+  ASSERT_ERRNO(r, EIO);
   EXPECT_EQ(ListDir(out_.path()), std::vector<std::string>{"old"});
+  // The empty directory that was there is emptied again, and the error
+  // says so (a.md was copied before b.md failed).
+  EXPECT_EQ(ListDir(out_.Sub("old")), std::vector<std::string>{});
+  EXPECT_NE(r.error().message.find("; what it had copied into " +
+                                   out_.Sub("old") + " was removed"),
+            std::string::npos)
+      << r.error().message;
 }
 
 // Merging into host directories leaves their modes as they were: a 0700
