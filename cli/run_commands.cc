@@ -412,12 +412,12 @@ int Approve(const RunArgs& a, bool yes) {
   const char* cmd = yes ? "approve" : "deny";
   return RunAsUser(cmd, a.store, cmd, [&](StoreSession& s) -> vfs::Status {
     harness::SessionLog log(s.backend->engine());
-    if (auto ok =
-            harness::RecordApproval(log, s.caller.user, a.session, a.call, yes);
-        !ok)
-      return ok;
+    auto what =
+        harness::RecordApproval(log, s.caller.user, a.session, a.call, yes);
+    if (!what) return std::unexpected(what.error());
+    // Say what was answered: the prompt may have been read in a hurry.
     std::cout << (yes ? "approved " : "denied ") << a.call << " of session "
-              << a.session << "\n";
+              << a.session << ": " << *what << "\n";  // printable as asked
     return {};
   });
 }

@@ -31,6 +31,26 @@ std::string Short(std::string s, size_t n = 60) {
 // backslash doubled, so a written "\n" never looks like a line break. Raw, a
 // model's command could carry "\r\x1b[2K" and make an approval prompt or a
 // progress line show something other than what runs.
+// The code point of the invisible formatting character (bidirectional
+// controls, zero-width characters, the BOM) whose UTF-8 starts at s[i], or
+// 0.
+unsigned InvisibleFormat(const std::string& s, size_t i) {
+  auto at = [&](size_t k) {
+    return k < s.size() ? static_cast<unsigned char>(s[k]) : 0u;
+  };
+  if (at(i) == 0xD8 && at(i + 1) == 0x9C) return 0x061c;  // Arabic letter mark
+  if (at(i) == 0xEF && at(i + 1) == 0xBB && at(i + 2) == 0xBF) return 0xfeff;
+  if (at(i) != 0xE2) return 0;
+  unsigned b1 = at(i + 1), b2 = at(i + 2);
+  if (b2 < 0x80 || b2 > 0xBF) return 0;
+  unsigned cp = 0x2000 | ((b1 & 0x3F) << 6) | (b2 & 0x3F);
+  if (b1 < 0x80 || b1 > 0x81) return 0;
+  if ((cp >= 0x200b && cp <= 0x200f) || (cp >= 0x202a && cp <= 0x202e) ||
+      (cp >= 0x2060 && cp <= 0x2069))
+    return cp;
+  return 0;
+}
+
 std::string Printable(const std::string& s, bool keep_lines = false) {
   std::string out;
   out.reserve(s.size());
@@ -58,6 +78,12 @@ std::string Printable(const std::string& s, bool keep_lines = false) {
                     static_cast<unsigned char>(s[i + 1]));
       out += hex;
       ++i;
+    } else if (unsigned cp = InvisibleFormat(s, i)) {
+      // Bidi overrides and isolates, zero-width characters: a command
+      // that shows one way and runs another.
+      std::snprintf(hex, sizeof hex, "\\u%04x", cp);
+      out += hex;
+      i += cp == 0x061c ? 1 : 2;
     } else {
       out += static_cast<char>(c);
     }
@@ -356,10 +382,19 @@ std::optional<bool> Agent::WaitForApproval(const std::string& call_id,
   // earlier call with the same id must not approve this one.
   session_.state = "waiting";
   (void)log_.Update(session_);
+  // The call whole, as it will run (a cut one could hide `; rm -rf` after
+  // a harmless start); a very long one up to a point, saying where the
+  // rest is.
+  constexpr size_t kShown = 4000;
+  std::string shown = summary.size() <= kShown
+                          ? summary
+                          : summary.substr(0, kShown) + "... (" +
+                                std::to_string(summary.size()) +
+                                " bytes in all; `agentvfs show " + session_.id +
+                                "` shows it whole)";
   Progress("[" + std::to_string(session_.steps) + "] waiting for approval of " +
-           Short(summary, 80) + ": agentvfs approve " + session_.id + " " +
-           call_id + "  (or: agentvfs deny " + session_.id + " " + call_id +
-           ")");
+           shown + "\n    agentvfs approve " + session_.id + " " + call_id +
+           "  (or: agentvfs deny " + session_.id + " " + call_id + ")");
   auto deadline = std::chrono::steady_clock::now() +
                   std::chrono::milliseconds(
                       static_cast<int64_t>(options_.approval_timeout_s * 1000));
@@ -379,15 +414,20 @@ std::optional<bool> Agent::WaitForApproval(const std::string& call_id,
   return answer;
 }
 
-vfs::Status RecordApproval(SessionLog& log, const std::string& user,
-                           const std::string& id, const std::string& call,
-                           bool yes) {
+vfs::Result<std::string> RecordApproval(SessionLog& log,
+                                        const std::string& user,
+                                        const std::string& id,
+                                        const std::string& call, bool yes) {
   auto events = log.Events(user, id);
   if (!events) return std::unexpected(events.error());
   bool waiting = false;
+  std::string summary;
   for (const auto& e : *events) {
     if (e.data.value("id", std::string()) != call) continue;
-    if (e.kind == "approval_requested") waiting = true;
+    if (e.kind == "approval_requested") {
+      waiting = true;
+      summary = e.data.value("summary", std::string());
+    }
     if (e.kind == "approval" || e.kind == "approved" || e.kind == "denied")
       waiting = false;
   }
@@ -410,7 +450,7 @@ vfs::Status RecordApproval(SessionLog& log, const std::string& user,
   auto ok =
       log.Append(id, "approval", {{"id", call}, {"yes", yes}, {"by", user}});
   if (!ok) return std::unexpected(ok.error());
-  return {};
+  return summary;
 }
 
 vfs::Result<Message> Agent::Answer(

@@ -82,10 +82,12 @@ struct Outcome {
 };
 
 // Answers a waiting approval of call `call` in session `id` of `user`
-// (yes or no). ENOENT when no such call is waiting.
-vfs::Status RecordApproval(SessionLog& log, const std::string& user,
-                           const std::string& id, const std::string& call,
-                           bool yes);
+// (yes or no), returning what the call is (the summary it was asked with,
+// made printable). ENOENT when no such call is waiting.
+vfs::Result<std::string> RecordApproval(SessionLog& log,
+                                        const std::string& user,
+                                        const std::string& id,
+                                        const std::string& call, bool yes);
 
 // Whether the harness process that last ran session `s` (its owner stamp:
 // host, pid, start time) still runs; true when it cannot tell (another

@@ -294,8 +294,15 @@ vfs::Path FileTools::Resolve(const vfs::Path& path) const {
     exists = st.has_value();
     if (!exists || !S_ISLNK(st->st_mode) || ++links > 40) continue;
     auto target = router_.Readlink(caller_, at);
-    if (!target || target->empty() || target->front() == '/') continue;
-    at = at.Parent();
+    if (!target || target->empty()) continue;
+    if (target->front() == '/') {
+      // The workspace never follows one; the store follows it within the
+      // view (`abs -> /memories/teams/t1`).
+      if (at.HasPrefix(WorkspaceRoot())) continue;
+      at = vfs::Path();
+    } else {
+      at = at.Parent();
+    }
     std::vector<std::string> parts;
     for (size_t i = 0; i <= target->size();) {
       size_t slash = target->find('/', i);
@@ -739,14 +746,21 @@ vfs::Status FileTools::RemoveTree(const vfs::Path& path, size_t* removed) {
     if (ok) ++*removed;
     return ok;
   }
-  auto entries = router_.ReadDir(caller_, path);
-  if (!entries) return std::unexpected(entries.error());
-  for (const auto& e : *entries) {
-    auto child = path.Child(e.name);
-    if (!child) return std::unexpected(child.error());
-    if (auto ok = RemoveTree(*child, removed); !ok) return ok;
-  }
+  // First the directory itself: a directory the caller may not remove
+  // (a grant starts there) fails before anything in it is deleted; only
+  // "not empty" goes on to its entries.
   auto ok = router_.Rmdir(caller_, path);
+  if (!ok && ok.error().code == ENOTEMPTY) {
+    auto entries = router_.ReadDir(caller_, path);
+    if (!entries) return std::unexpected(entries.error());
+    for (const auto& e : *entries) {
+      auto child = path.Child(e.name);
+      if (!child) return std::unexpected(child.error());
+      if (auto removed_child = RemoveTree(*child, removed); !removed_child)
+        return removed_child;
+    }
+    ok = router_.Rmdir(caller_, path);
+  }
   if (ok) ++*removed;
   return ok;
 }
@@ -760,10 +774,10 @@ ToolResult FileTools::Delete(const vfs::Path& path) {
     ToolResult r = Failure(ok.error(), path);
     // A folder is emptied before it is removed: say what is gone already.
     if (removed > 0)
-      r.text += " (" + std::to_string(removed) + " entr" +
-                (removed == 1 ? "y" : "ies") + " inside " + path.str() +
-                " were deleted before this; view it to see "
-                "what is left)";
+      r.text += " (" + std::to_string(removed) +
+                (removed == 1 ? " entry" : " entries") + " inside " +
+                path.str() + (removed == 1 ? " was" : " were") +
+                " deleted before this; view it to see what is left)";
     return r;
   }
   return {"Successfully deleted " + path.str(), false};

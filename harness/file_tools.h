@@ -49,9 +49,10 @@ class FileTools {
   ToolResult Memory(const nlohmann::json& input);
 
   // `path` with the symlinks on its way followed as opening it would (a
-  // relative target, within the view), as far as it exists: what a call
-  // on it will touch, for approval rules. An absolute target, which the
-  // workspace refuses to follow, is left as it is.
+  // relative target, within the view; an absolute one in the store, from
+  // the view's root), as far as it exists: what a call on it will touch,
+  // for approval rules. An absolute target in the workspace, which it
+  // refuses to follow, is left as it is.
   vfs::Path Resolve(const vfs::Path& path) const;
 
  private:

@@ -836,29 +836,93 @@ vfs::Status NotASystemDirectory(const std::string& real,
                             "a directory for the work (mkdir ~/agent-work) "
                             "and name that");
   };
-  for (const char* dir : {"/", "/home", "/mnt", "/media", "/opt", "/srv",
-                          "/tmp", "/var", "/var/tmp", "/run"}) {
+  for (const char* dir :
+       {"/", "/home", "/mnt", "/media", "/srv", "/tmp", "/var/tmp"}) {
     if (real == dir) return refuse("a system directory");
   }
+  // Whole trees of the system: programs, settings, state, logs, runtime
+  // files (/run/agentvfs holds the sandbox ids' locks). /var/tmp is for
+  // anyone's work.
   for (const char* dir :
        {"/bin", "/boot", "/dev", "/etc", "/lib", "/lib32", "/lib64", "/libx32",
-        "/proc", "/sbin", "/sys", "/usr"}) {
-    if (vfs::IsWithin(real, dir)) return refuse("a system directory");
+        "/opt", "/proc", "/run", "/sbin", "/sys", "/usr", "/var"}) {
+    if (vfs::IsWithin(real, dir) && !vfs::IsWithin(real, "/var/tmp"))
+      return refuse("a system directory");
   }
-  // Home directories of every account, and what holds them (/home).
+  // Home directories of every account, and what holds them (/home); in a
+  // home, its settings and programs: a dot-directory (~/.ssh, ~/.config,
+  // ~/.cargo) or ~/bin, and everything below them.
   setpwent();
   std::optional<std::string> home;
   while (passwd* pw = getpwent()) {
     if (pw->pw_dir == nullptr || pw->pw_dir[0] != '/') continue;
     char resolved[PATH_MAX];
     std::string dir = realpath(pw->pw_dir, resolved) ? resolved : pw->pw_dir;
-    if (dir != "/" && vfs::IsWithin(dir, real)) {
-      home = std::string(pw->pw_name);
+    if (dir == "/") continue;
+    if (vfs::IsWithin(dir, real)) {
+      home =
+          "the home directory of " + std::string(pw->pw_name) + " or holds it";
       break;
+    }
+    if (vfs::IsWithin(real, dir)) {
+      std::string first = real.substr(dir.size() + 1);
+      first = first.substr(0, first.find('/'));
+      if (first[0] == '.' || first == "bin") {
+        home = "in " + dir + "/" + first +
+               ", where the programs or settings "
+               "of " +
+               std::string(pw->pw_name) + " live";
+        break;
+      }
     }
   }
   endpwent();
-  if (home) return refuse("the home directory of " + *home + " or holds it");
+  if (home) return refuse(*home);
+  return {};
+}
+
+// A workspace named through a symlink: the agent of an earlier session
+// could have planted it in its workspace (`ln -s /home/alice/src project`,
+// then `--workspace ws/project`), and the sandbox would then change
+// whatever it leads to. Only links in "/" itself (/home -> /data/home) are
+// followed; otherwise the person names the directory itself. EINVAL saying
+// which.
+vfs::Status NotThroughALink(const std::string& given) {
+  std::string cur;
+  if (given.empty() || given[0] != '/') {
+    char cwd[PATH_MAX];
+    if (getcwd(cwd, sizeof cwd) == nullptr) return {};  // realpath says
+    cur = cwd;
+  }
+  size_t start = 0;
+  while (start < given.size()) {
+    size_t end = given.find('/', start);
+    if (end == std::string::npos) end = given.size();
+    std::string comp = given.substr(start, end - start);
+    start = end + 1;
+    if (comp.empty() || comp == ".") continue;
+    if (comp == "..") {
+      cur = cur.substr(0, cur.rfind('/'));  // cur has no links: physical
+      continue;
+    }
+    std::string next = cur + "/" + comp;
+    struct stat st;
+    if (lstat(next.c_str(), &st) != 0 || !S_ISLNK(st.st_mode)) {
+      cur = next;
+      continue;
+    }
+    char resolved[PATH_MAX];
+    if (realpath(next.c_str(), resolved) == nullptr) return {};
+    if (!cur.empty()) {
+      return Fail(EINVAL, "workspace '" + given +
+                              "' goes through the symlink " + next + " (to " +
+                              resolved + "), which an agent working in " + cur +
+                              " could have made; name the directory itself "
+                              "if that is the one you mean: --workspace " +
+                              resolved);
+    }
+    cur = resolved;
+  }
   return {};
 }
 
@@ -876,6 +940,8 @@ vfs::Result<std::unique_ptr<Sandbox>> Sandbox::Create(SandboxOptions options) {
     return Fail(ENOTDIR,
                 "workspace '" + options.workspace + "' is not a directory");
   if (auto ok = NotASystemDirectory(real, options.workspace); !ok)
+    return std::unexpected(ok.error());
+  if (auto ok = NotThroughALink(options.workspace); !ok)
     return std::unexpected(ok.error());
   options.workspace = real;
   if (auto ok = NoSecretInside(options); !ok)

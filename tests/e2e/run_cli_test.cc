@@ -250,6 +250,8 @@ TEST_F(RunCliTest, ACallIsDeniedFromAnotherTerminal) {
   }
   auto deny = Agentvfs({"deny", id, "t1"});
   EXPECT_EQ(deny.exit_status, 0) << deny.output;
+  EXPECT_THAT(deny.output, HasSubstr("denied t1 of session " + id +
+                                     ": bash: rm -rf /workspace/keep"));
   runner.join();
   EXPECT_EQ(run.exit_status, 0) << run.output;
   EXPECT_THAT(run.output, HasSubstr("agentvfs approve " + id + " t1"));

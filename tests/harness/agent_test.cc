@@ -331,8 +331,13 @@ TEST_F(AgentTest, AnApprovalCanComeFromAnotherTerminal) {
         EXPECT_ERRNO(
             harness::RecordApproval(*log_, "alice", session_.id, "t9", true),
             ENOENT);  // no such call waiting
-        EXPECT_TRUE(
-            harness::RecordApproval(*log_, "alice", session_.id, "t1", true));
+        // Answering says what was answered.
+        auto what =
+            harness::RecordApproval(*log_, "alice", session_.id, "t1", true);
+        EXPECT_TRUE(what.has_value());
+        if (what) {
+          EXPECT_EQ(*what, "bash: echo ok > /workspace/ran");
+        }
         return;
       }
       std::this_thread::sleep_for(std::chrono::milliseconds(50));
@@ -562,6 +567,31 @@ TEST_F(AgentTest, ACallTooLongToMatchAgainstTheRulesAsks) {
   EXPECT_EQ(asked[0], "bash: echo curl aaaa");
 }
 
+// The approval prompt shows the call whole, so a harmless start cannot
+// hide what follows it, and with bidirectional and zero-width characters
+// escaped, so it cannot show in another order than it runs.
+TEST_F(AgentTest, TheApprovalPromptShowsTheWholeCallAsItRuns) {
+  const std::string cmd =
+      "echo 'checking the build status of the project, listing files only'"
+      "      ; rm -rf /workspace/important; echo \u202edone\u2066\u200b";
+  FakeApi api{ToolUse("t1", "bash", {{"command", cmd}}), Final("ok")};
+  auto client = Client(api);
+  AgentOptions options;
+  options.approvals = {{"bash", ""}};
+  options.approval_timeout_s = 0.2;
+  auto out = MakeAgent(*client, options).Start("Go.");
+  ASSERT_TRUE(out.has_value()) << out.error().message;
+  bool waited = false;
+  for (const auto& l : lines_) {
+    if (l.find("waiting for approval") == std::string::npos) continue;
+    waited = true;
+    EXPECT_THAT(l, HasSubstr("; rm -rf /workspace/important; echo "
+                             "\\u202edone\\u2066\\u200b"));
+    EXPECT_EQ(l.find("\u202e"), std::string::npos) << l;
+  }
+  EXPECT_TRUE(waited);
+}
+
 // A tool's name and a call's id come from the model's server too: neither
 // reaches the terminal raw, and an id a person could not type (to approve
 // the call) is replaced.
@@ -634,6 +664,35 @@ TEST_F(AgentTest, ARuleOnAPathHoldsThroughASymlinkToIt) {
   EXPECT_THAT(asked[1], HasSubstr("/workspace/protected/deploy2.yml"));
   EXPECT_FALSE(ReadFile(ws_->Sub("protected/deploy.yml")).has_value());
   EXPECT_EQ(ReadFile(ws_->Sub("other/free.yml")), "x");
+}
+
+// In the store, a symlink's absolute target is followed within the view,
+// so a rule on /memories/users/alice/keep holds through `abs -> /memories/
+// users/alice/keep` too.
+TEST_F(AgentTest, ARuleOnAStorePathHoldsThroughAnAbsoluteSymlink) {
+  auto P = [](const char* text) { return *vfs::Path::Parse(text); };
+  ASSERT_OK(router_->Mkdir(caller_, P("/memories/users/alice/keep"), 0755));
+  ASSERT_OK(router_->Symlink(caller_, "/memories/users/alice/keep",
+                             P("/memories/users/alice/abs")));
+  FakeApi api{ToolUse("t1", "str_replace_based_edit_tool",
+                      {{"command", "create"},
+                       {"path", "/memories/users/alice/abs/x.md"},
+                       {"file_text", "x"}}),
+              Final("ok")};
+  auto client = Client(api);
+  AgentOptions options;
+  options.approvals = {
+      {"str_replace_based_edit_tool", "/memories/users/alice/keep"}};
+  std::vector<std::string> asked;
+  options.approve = [&](const std::string& summary) {
+    asked.push_back(summary);
+    return false;
+  };
+  auto out = MakeAgent(*client, options).Start("Go.");
+  ASSERT_TRUE(out.has_value()) << out.error().message;
+  ASSERT_EQ(asked.size(), 1u);
+  EXPECT_THAT(asked[0], HasSubstr("create /memories/users/alice/keep/x.md"));
+  EXPECT_FALSE(router_->Stat(caller_, P("/memories/users/alice/keep/x.md")));
 }
 
 // Call ids come from the model's server; an answer given to an earlier

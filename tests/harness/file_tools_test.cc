@@ -372,8 +372,32 @@ TEST_F(FileToolsTest, ViewListsTheDirectoryASymlinkLeadsTo) {
   EXPECT_THAT(r.text, Not(HasSubstr("passwd")));
 }
 
-// Deleting a folder empties it first: when its removal is then refused
-// (a grant starts there), the result says what is gone already.
+// A folder the caller may not remove (a grant starts there) is refused
+// before anything in it is deleted.
+TEST_F(FileToolsTest, ADeleteThatWouldBeRefusedDeletesNothing) {
+  auto admin_backend = store_->OpenBackend();
+  vfs::Caller admin = store_->CallerFor("admin", "s-admin");
+  ASSERT_TRUE(store::Grant(admin_backend->engine(), "admin", "/memories/org/a",
+                           store::Subject{"user", "alice"},
+                           store::Level::kWrite));
+  FileTools as_admin(*router_, admin);
+  for (const char* f : {"/memories/org/a/c.md", "/memories/org/a/d/e.md"})
+    ASSERT_FALSE(
+        as_admin
+            .Memory({{"command", "create"}, {"path", f}, {"file_text", "x"}})
+            .is_error);
+  auto r = Mem({{"command", "delete"}, {"path", "/memories/org/a"}});
+  EXPECT_TRUE(r.is_error);
+  EXPECT_THAT(r.text, HasSubstr("may not remove or move /memories/org/a"))
+      << r.text;
+  EXPECT_THAT(r.text, Not(HasSubstr("deleted before this")));
+  for (const char* f : {"/memories/org/a/c.md", "/memories/org/a/d/e.md"})
+    EXPECT_TRUE(router_->Stat(admin, *vfs::Path::Parse(f))) << f;
+}
+
+// Deleting a folder empties it first: when the removal of something in it
+// is then refused (another session is writing a file there), the result
+// says what is gone already.
 TEST_F(FileToolsTest, AFailedDeleteSaysWhatItDeletedFirst) {
   auto admin_backend = store_->OpenBackend();
   vfs::Caller admin = store_->CallerFor("admin", "s-admin");
@@ -386,12 +410,22 @@ TEST_F(FileToolsTest, AFailedDeleteSaysWhatItDeletedFirst) {
         as_admin
             .Memory({{"command", "create"}, {"path", f}, {"file_text", "x"}})
             .is_error);
-  auto r = Mem({{"command", "delete"}, {"path", "/memories/org/a"}});
+  ASSERT_FALSE(as_admin
+                   .Memory({{"command", "rename"},
+                            {"old_path", "/memories/org/a/c.md"},
+                            {"new_path", "/memories/org/a/b/a.md"}})
+                   .is_error);
+  // Another session has b/held.md open for writing (its lease: EBUSY).
+  auto held =
+      router_->Open(admin, *vfs::Path::Parse("/memories/org/a/b/held.md"),
+                    O_WRONLY | O_CREAT, 0644);
+  ASSERT_TRUE(held.has_value()) << held.error().message;
+  auto r = Mem({{"command", "delete"}, {"path", "/memories/org/a/b"}});
   EXPECT_TRUE(r.is_error);
-  EXPECT_THAT(r.text, HasSubstr("(2 entries inside /memories/org/a were "
+  EXPECT_THAT(r.text, HasSubstr("(1 entry inside /memories/org/a/b was "
                                 "deleted before this"))
       << r.text;
-  EXPECT_THAT(r.text, Not(HasSubstr("redo the change")));
+  EXPECT_THAT(r.text, HasSubstr("held.md is open for writing"));
 }
 
 TEST_F(FileToolsTest, GrantsApplyAsForEveryOtherEntryPoint) {

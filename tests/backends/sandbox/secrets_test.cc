@@ -5,6 +5,7 @@
 // succeeding once the mount or the link is gone, so none passes vacuously.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+#include <pwd.h>
 #include <sys/mount.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -190,6 +191,63 @@ TEST_F(SandboxSecretsTest, ASystemOrHomeDirectoryIsNoWorkspace) {
         << ws;
   }
   EXPECT_OK(Create(dir_.Sub("ws")));
+}
+
+// Below a home, its settings and programs are no workspace either (a link
+// planted as `project -> /home/alice/.ssh` let the agent add a key), nor
+// are state, logs and runtime files of the system; /var/tmp is fine.
+TEST_F(SandboxSecretsTest, SettingsAndSystemStateAreNoWorkspace) {
+  const passwd* me = getpwuid(geteuid());
+  ASSERT_NE(me, nullptr);
+  std::string hidden = std::string(me->pw_dir) + "/.agentvfs-ws-XXXXXX";
+  ASSERT_NE(mkdtemp(hidden.data()), nullptr) << me->pw_dir;
+  ASSERT_EQ(mkdir((hidden + "/sub").c_str(), 0755), 0);
+  for (const std::string& ws :
+       {hidden, hidden + "/sub", std::string("/run"), std::string("/var/log"),
+        std::string("/var/lib")}) {
+    auto sb = Create(ws);
+    ASSERT_FALSE(sb.has_value()) << ws;
+    EXPECT_EQ(sb.error().code, EINVAL);
+    EXPECT_THAT(sb.error().message, HasSubstr("the agent could change "
+                                              "everything in it"))
+        << ws;
+  }
+  EXPECT_THAT(Create(hidden + "/sub").error().message,
+              HasSubstr("where the programs or settings of"));
+  rmdir((hidden + "/sub").c_str());
+  rmdir(hidden.c_str());
+  char tmp[] = "/var/tmp/agentvfs-ws-XXXXXX";
+  ASSERT_NE(mkdtemp(tmp), nullptr);
+  EXPECT_OK(Create(tmp));
+  rmdir(tmp);
+}
+
+// A workspace named through a symlink is refused, saying which directory
+// to name instead: an earlier session's agent could have planted the link.
+// Links in / itself (merged /usr, /home on another disk) are followed.
+TEST_F(SandboxSecretsTest, AWorkspaceNamedThroughALinkIsRefused) {
+  ASSERT_EQ(
+      symlink(dir_.Sub("elsewhere").c_str(), dir_.Sub("ws/project").c_str()),
+      0);
+  auto sb = Create(dir_.Sub("ws/project"));
+  ASSERT_FALSE(sb.has_value());
+  EXPECT_EQ(sb.error().code, EINVAL);
+  EXPECT_THAT(sb.error().message,
+              HasSubstr("goes through the symlink " + dir_.Sub("ws/project") +
+                        " (to " + dir_.Sub("elsewhere") + ")"));
+  EXPECT_THAT(sb.error().message,
+              HasSubstr("--workspace " + dir_.Sub("elsewhere")));
+  // Also as a relative path with a link on the way.
+  ASSERT_EQ(mkdir(dir_.Sub("elsewhere/inner").c_str(), 0755), 0);
+  char cwd[PATH_MAX];
+  ASSERT_NE(getcwd(cwd, sizeof cwd), nullptr);
+  ASSERT_EQ(chdir(dir_.Sub("ws").c_str()), 0);
+  auto rel = Create("project/inner/..");
+  ASSERT_EQ(chdir(cwd), 0);
+  ASSERT_FALSE(rel.has_value());
+  EXPECT_THAT(rel.error().message, HasSubstr("goes through the symlink"));
+  EXPECT_OK(Create(dir_.Sub("elsewhere")));
+  EXPECT_OK(Create(dir_.Sub("ws/../elsewhere")));
 }
 
 }  // namespace
