@@ -70,15 +70,10 @@ void KeepRecordedBudget(const json& config, const RunArgs& a,
 // Fills the model settings and options from flags, then the config file.
 vfs::Status Configure(const RunArgs& a, harness::ClientConfig& client,
                       harness::AgentOptions& options) {
-  YAML::Node root;
+  auto loaded = LoadConfig();
+  if (!loaded) return std::unexpected(loaded.error());
+  YAML::Node root = *loaded;
   std::string path = ConfigFilePath();
-  if (!path.empty() && std::filesystem::exists(path)) {
-    try {
-      root = YAML::LoadFile(path);
-    } catch (const std::exception& e) {
-      return vfs::Fail(EINVAL, path + ": " + e.what());
-    }
-  }
   auto pick = [&](const std::string& flag, const char* key) {
     if (!flag.empty()) return flag;
     if (root[key]) return root[key].as<std::string>();
@@ -143,9 +138,10 @@ vfs::Status Configure(const RunArgs& a, harness::ClientConfig& client,
   if (a.max_cost >= 0) options.budget.cost_usd = a.max_cost;
   if (options.budget.cost_usd > 0 && options.price.input_per_mtok <= 0 &&
       options.price.output_per_mtok <= 0)
-    std::cerr << "agentvfs: warning: the config file has no prices for "
-              << client.model << ", so the cost budget ($"
-              << options.budget.cost_usd
+    std::cerr << "agentvfs: warning: no prices for " << client.model << " ("
+              << (root.IsNull() ? "there is no config file " + path
+                                : "none in " + path)
+              << "), so the cost budget ($" << options.budget.cost_usd
               << ") is not enforced and costs show as $0 (add prices: {"
               << client.model
               << ": {input: USD_PER_MTOK, output: "

@@ -6,7 +6,9 @@
 #include <yaml-cpp/yaml.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
@@ -32,25 +34,55 @@ vfs::Result<std::string> ResolveStoreName(const StoreFlags& flags) {
   if (const char* env = std::getenv("AGENTVFS_STORE"); env && *env) {
     return std::string(env);
   }
+  auto root = LoadConfig();
+  if (!root) return std::unexpected(root.error());
   const std::string config = ConfigFilePath();
-  if (!config.empty() && std::filesystem::exists(config)) {
-    try {
-      YAML::Node root = YAML::LoadFile(config);
-      if (root["store"]) {
-        auto store = root["store"];
-        if (!store.IsScalar() || store.as<std::string>().empty())
-          return vfs::Fail(EINVAL, config +
-                                       ": `store:` must name the store, e.g. "
-                                       "`store: /srv/agentvfs/team.db`");
-        return store.as<std::string>();
-      }
-    } catch (const std::exception& e) {
-      return vfs::Fail(EINVAL, config + ": " + e.what());
+  try {
+    if ((*root)["store"]) {
+      auto store = (*root)["store"];
+      if (!store.IsScalar() || store.as<std::string>().empty())
+        return vfs::Fail(EINVAL, config +
+                                     ": `store:` must name the store, e.g. "
+                                     "`store: /srv/agentvfs/team.db`");
+      std::string name = store.as<std::string>();
+      // A relative file name is relative to the config file, wherever the
+      // command runs (from the working directory, `init` made a second
+      // store in every directory it was run in).
+      if (name[0] != '/' && name.find("://") == std::string::npos &&
+          config.find('/') != std::string::npos)
+        name = config.substr(0, config.rfind('/') + 1) + name;
+      return name;
     }
+  } catch (const std::exception& e) {
+    return vfs::Fail(EINVAL, config + ": " + e.what());
   }
-  return vfs::Fail(EINVAL,
-                   "no store given: pass --store PATH, set AGENTVFS_STORE, or "
-                   "put `store: PATH` in ~/.config/agentvfs/config.yaml");
+  return vfs::Fail(
+      EINVAL,
+      "no store given: pass --store PATH, set AGENTVFS_STORE, or "
+      "put `store: PATH` in " +
+          (config.empty() ? std::string("the config file") : config));
+}
+
+vfs::Result<YAML::Node> LoadConfig() {
+  const std::string config = ConfigFilePath();
+  if (config.empty()) return YAML::Node();
+  struct stat st {};
+  if (::stat(config.c_str(), &st) != 0) {
+    // None is fine (messages that mention it name the path used).
+    if (errno == ENOENT) return YAML::Node();
+    return vfs::Fail(EACCES, "the config file " + config +
+                                 " cannot be read: " + strerror(errno));
+  }
+  if (!S_ISREG(st.st_mode))
+    return vfs::Fail(EINVAL, "the config file " + config +
+                                 " is not a file; name a YAML file (keys "
+                                 "store, provider, model, base_url, api_key, "
+                                 "prices, approvals)");
+  try {
+    return YAML::LoadFile(config);
+  } catch (const std::exception& e) {
+    return vfs::Fail(EINVAL, config + ": " + e.what());
+  }
 }
 
 std::string ConfigFilePath() {

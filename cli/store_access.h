@@ -6,6 +6,8 @@
 //           argument (other users can read argv in /proc).
 #pragma once
 
+#include <yaml-cpp/yaml.h>
+
 #include <CLI/CLI.hpp>
 #include <functional>
 #include <memory>
@@ -35,6 +37,11 @@ vfs::Result<std::string> ResolveStoreName(const StoreFlags& flags);
 // The config file: $AGENTVFS_CONFIG, else ~/.config/agentvfs/config.yaml
 // ("" without HOME). It need not exist.
 std::string ConfigFilePath();
+
+// The config file's contents (a null node when there is none). One that is
+// not a regular file, cannot be read or is not YAML is EINVAL or EACCES
+// naming it. (A relative `store:` in it is relative to the file.)
+vfs::Result<YAML::Node> LoadConfig();
 
 // Host files a sandbox must never see: those of the store named by the
 // flags (store::SecretPathsOf: a SQLite file with its -wal, -shm, -journal;

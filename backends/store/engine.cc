@@ -66,6 +66,15 @@ vfs::Result<std::unique_ptr<Engine>> Engine::Open(const std::string& name,
   }
   std::string path = name;
   if (path.starts_with("sqlite:")) path = path.substr(7);
+  // `postgresql:user@host` lacks its `//`; as a file name it made a SQLite
+  // store in the working directory.
+  if (name.starts_with("postgresql:") || name.starts_with("postgres:")) {
+    // (Not echoed: it may hold a password.)
+    return vfs::Fail(EINVAL,
+                     "the store's name starts with postgres: but is not a "
+                     "URI; write postgresql://USER@HOST/DATABASE (or name a "
+                     "SQLite file as sqlite:FILE)");
+  }
   if (auto colon = path.find("://"); colon != std::string::npos) {
     return vfs::Fail(EINVAL, "unknown store scheme in '" + name +
                                  "'; use a file path (SQLite) or a "

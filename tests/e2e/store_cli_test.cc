@@ -948,6 +948,30 @@ TEST_F(StoreCliTest, TheStoreIsNamedByFlagVariableOrConfigFile) {
           {{"AGENTVFS_TOKEN", lead}, {"AGENTVFS_CONFIG", config}});
   EXPECT_NE(r.exit_status, 0);
   EXPECT_TRUE(Contains(r.output, "`store:` must name the store")) << r.output;
+
+  // A relative `store:` is the file next to the config file, wherever the
+  // command runs; a config "file" that is a directory is named as such.
+  ASSERT_TRUE(WriteFile(store_dir_->Sub("config.yaml"), "store: team.db\n"));
+  r = RunCommand({AGENTVFS_BINARY, "user", "list"},
+                 CommandOptions{.cwd = work_->path(),
+                                .env = {{"AGENTVFS_STORE", ""},
+                                        {"AGENTVFS_TOKEN", lead},
+                                        {"AGENTVFS_CONFIG",
+                                         store_dir_->Sub("config.yaml")}}});
+  EXPECT_EQ(r.exit_status, 0) << r.output;
+  EXPECT_TRUE(Contains(r.output, "lead")) << r.output;
+  EXPECT_FALSE(std::filesystem::exists(work_->Sub("team.db")));
+  r = Cli({"user", "list"},
+          {{"AGENTVFS_TOKEN", lead}, {"AGENTVFS_CONFIG", work_->path()}});
+  EXPECT_NE(r.exit_status, 0);
+  EXPECT_TRUE(
+      Contains(r.output, "the config file " + work_->path() + " is not a file"))
+      << r.output;
+  // With no store anywhere, the message names the config file in use.
+  r = Cli({"user", "list"}, {{"AGENTVFS_TOKEN", lead}});
+  EXPECT_TRUE(Contains(
+      r.output, "put `store: PATH` in " + work_->Sub("no-such-config.yaml")))
+      << r.output;
 }
 
 // `agentvfs ARGS > /dev/full` with the test's store and `token`.

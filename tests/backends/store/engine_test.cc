@@ -7,6 +7,10 @@
 
 #include <sqlite3.h>
 #include <sys/stat.h>
+#include <unistd.h>
+
+#include <climits>
+#include <filesystem>
 
 #include "tests/support/files.h"
 #include "tests/support/mount_fixture.h"
@@ -36,6 +40,19 @@ TEST(EngineTest, NamesAndSchemes) {
   EXPECT_EQ((*e)->Describe(), "sqlite:" + dir.Sub("a.db"));
   EXPECT_ERRNO(Engine::Open("mysql://x/y", true), EINVAL);
   EXPECT_ERRNO(Engine::Open("", true), EINVAL);
+  // A PostgreSQL URI without its // is refused, not made a SQLite file in
+  // the working directory, and its text (a password?) is not echoed.
+  char cwd[PATH_MAX];
+  ASSERT_NE(getcwd(cwd, sizeof cwd), nullptr);
+  ASSERT_EQ(chdir(dir.path().c_str()), 0);
+  for (const char* name : {"postgresql:agent:pw@127.0.0.1", "postgres:x"}) {
+    auto bad = Engine::Open(name, true);
+    ASSERT_FALSE(bad.has_value()) << name;
+    EXPECT_EQ(bad.error().code, EINVAL);
+    EXPECT_EQ(bad.error().message.find("pw@"), std::string::npos);
+    EXPECT_FALSE(std::filesystem::exists(dir.Sub(name))) << name;
+  }
+  ASSERT_EQ(chdir(cwd), 0);
   struct stat st;
   ASSERT_EQ(stat(dir.Sub("a.db").c_str(), &st), 0);
   EXPECT_EQ(st.st_mode & 0777, 0600u) << "the store holds token hashes";
