@@ -368,6 +368,11 @@ struct OpenNode {
   int64_t committed_version = 0;
   std::string committed_content;
   int64_t committed_size = 0;
+  // Commit attempts end epochs: what any handle wrote in epoch E is in the
+  // attempt that ends E. The failed ones (the last few), so that every
+  // handle whose writes they held is told, not only the one that flushed.
+  int64_t epoch = 0;
+  std::map<int64_t, vfs::Error> failed;
 };
 
 class StoreBackend::Impl {
@@ -1270,11 +1275,12 @@ class StoreFile final : public vfs::FileHandle {
     if (!can_write_) return Fail(EBADF, "file not open for writing");
     if (discarded_) return Fail(EBADF, "this handle's writes were discarded");
     std::lock_guard lock(node_->mu);
+    TRY(EarlierWritesLostLocked());
     TRY(EnsureLeaseLocked());
+    TRY(EnsureDraftLocked());
     if (flags_ & O_APPEND) offset = node_->draft->Size();
     TRY_ASSIGN(n, node_->draft->Write(buf, size, offset));
-    node_->dirty = true;
-    node_->last_write_ns = NowNs();
+    MarkWrittenLocked();
     return n;
   }
 
@@ -1310,10 +1316,11 @@ class StoreFile final : public vfs::FileHandle {
     if (!can_write_) return Fail(EINVAL, "file not open for writing");
     if (discarded_) return Fail(EBADF, "this handle's writes were discarded");
     std::lock_guard lock(node_->mu);
+    TRY(EarlierWritesLostLocked());
     TRY(EnsureLeaseLocked());
+    TRY(EnsureDraftLocked());
     TRY(node_->draft->Truncate(size));
-    node_->dirty = true;
-    node_->last_write_ns = NowNs();
+    MarkWrittenLocked();
     return {};
   }
 
@@ -1324,8 +1331,9 @@ class StoreFile final : public vfs::FileHandle {
       // acknowledge what the session wrote through another (the draft is
       // shared) while it is still uncommitted.
       std::lock_guard lock(node_->mu);
+      TRY(EarlierWritesLostLocked());
       if (node_->dirty || (can_write_ && node_->created)) {
-        return impl_.Commit(caller_, *node_, Durability::kFull, false);
+        return CommitLocked(Durability::kFull, false);
       }
     }
     return impl_.engine_.Barrier();
@@ -1334,6 +1342,10 @@ class StoreFile final : public vfs::FileHandle {
   Status Flush() override {
     if (!can_write_) return {};
     std::lock_guard lock(node_->mu);
+    if (auto lost = EarlierWritesLostLocked(); !lost) {
+      if (holds_lease_) (void)ReleaseLeaseLocked();
+      return lost;
+    }
     if (node_->created && !node_->dirty) {
       // A new file nothing was written to yet. Its first close(2) is often
       // not its last: a shell's `> file` opens it, moves the descriptor and
@@ -1353,24 +1365,95 @@ class StoreFile final : public vfs::FileHandle {
     Status result;
     if (node_->dirty || node_->created) {
       bool last = holds_lease_ && node_->lease_holders == 1;
-      result = impl_.Commit(caller_, *node_, durability, last);
+      result = CommitLocked(durability, last);
       if (result && last) {
         holds_lease_ = false;
         --node_->lease_holders;
-      }
-      if (!result) {
-        // The writer has been told that nothing was committed: the draft's
-        // changes are dropped, never committed later behind its back (at
-        // release, say).
-        node_->dirty = false;
-        node_->created = false;
       }
     }
     if (holds_lease_) {
       auto released = ReleaseLeaseLocked();
       if (result && !released) result = released;
     }
+    // With no lease, a clean draft would only go stale: another session
+    // may commit now, and this session's reads and next open must see that
+    // (a descriptor kept by dup(2) or a child keeps the handle open). A
+    // write through a handle still open makes it again.
+    if (node_->lease_holders == 0 && !node_->dirty && !node_->created)
+      DropDraftLocked();
     return result;
+  }
+
+  // Commits the session's draft, ending the current epoch. When the commit
+  // fails, the writer has been told that nothing was committed: the
+  // draft's changes are dropped (never committed later behind its back, at
+  // release or with the next write), and every other handle that wrote into
+  // it is told at its next write, flush or fsync.
+  Status CommitLocked(Durability durability, bool release) {
+    auto result = impl_.Commit(caller_, *node_, durability, release);
+    if (!result) {
+      node_->failed.emplace(node_->epoch, result.error());
+      while (node_->failed.size() > 16)
+        node_->failed.erase(node_->failed.begin());
+      node_->created = false;
+      DropDraftLocked();
+    }
+    ++node_->epoch;
+    wrote_ = false;  // this handle is told now, either way
+    return result;
+  }
+
+  void DropDraftLocked() {
+    node_->draft.reset();
+    node_->has_draft = false;
+    node_->dirty = false;
+    node_->last_write_ns = 0;
+  }
+
+  void MarkWrittenLocked() {
+    node_->dirty = true;
+    node_->last_write_ns = NowNs();
+    wrote_ = true;
+    write_epoch_ = node_->epoch;
+  }
+
+  // The failure of a commit (through another handle of the session) that
+  // held what this handle wrote, told once.
+  Status EarlierWritesLostLocked() {
+    if (!wrote_ || write_epoch_ >= node_->epoch) return {};
+    wrote_ = false;
+    auto it = node_->failed.find(write_epoch_);
+    if (it == node_->failed.end()) return {};  // committed
+    return Fail(it->second.code,
+                "what was written through this descriptor was not committed "
+                "(the session's commit through another descriptor of the "
+                "file failed: " +
+                    it->second.message + ")");
+  }
+
+  // A handle writing again after its session's draft went (a flush let the
+  // lease go, or a commit failed): a new draft of the file as it is now,
+  // unless another session changed it since this one based its writes on it.
+  Status EnsureDraftLocked() {
+    if (node_->draft) return {};
+    Inode current;
+    TRY(impl_.engine_.Read([&](Txn& txn) -> Status {
+      TRY_ASSIGN(inode, LoadInode(txn, node_->ino));
+      if (!inode) return Fail(ENOENT, "the file was purged");
+      current = *inode;
+      return {};
+    }));
+    if (current.version != node_->base_version) {
+      return Fail(ESTALE, node_->path +
+                              " was changed by another session since this "
+                              "session last wrote it; read it again");
+    }
+    auto draft = std::make_unique<Draft>(impl_.scratch_);
+    TRY(impl_.CopyContentTo(current.content, *draft));
+    node_->draft = std::move(draft);
+    node_->has_draft = true;
+    node_->dirty = false;
+    return {};
   }
 
   // Drops the session's uncommitted changes to the file (the draft is the
@@ -1516,6 +1599,9 @@ class StoreFile final : public vfs::FileHandle {
   bool can_read_ = false, can_write_ = false;
   bool discarded_ = false;  // Discard(): writes through it are refused
   bool holds_lease_;
+  // Written through since its last flush, in node_->epoch `write_epoch_`.
+  bool wrote_ = false;
+  int64_t write_epoch_ = 0;
   // What a read handle reads when its session has no draft.
   std::string content_;
   int64_t size_;

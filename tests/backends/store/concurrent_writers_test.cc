@@ -1075,8 +1075,15 @@ class LostAckEngine final : public Engine {
       : real_(std::move(real)) {}
   // The next write made on the calling thread.
   void LoseNextAckOnThisThread() { victim_ = std::this_thread::get_id(); }
+  // The next write made on the calling thread fails before it commits
+  // anything, as when the server is down.
+  void FailNextOnThisThread() { failing_ = std::this_thread::get_id(); }
 
   vfs::Status Write(Durability d, const TxnFn& fn) override {
+    if (failing_.load() == std::this_thread::get_id()) {
+      failing_ = std::thread::id();
+      return vfs::Fail(EIO, "the server is down");
+    }
     auto done = real_->Write(d, fn);
     if (done && victim_.load() == std::this_thread::get_id()) {
       victim_ = std::thread::id();
@@ -1097,7 +1104,97 @@ class LostAckEngine final : public Engine {
  private:
   std::unique_ptr<Engine> real_;
   std::atomic<std::thread::id> victim_{};
+  std::atomic<std::thread::id> failing_{};
 };
+
+// Two descriptors of one session write a file (their writes share the
+// session's draft). When the commit at one's close fails, what the other
+// wrote was in it too: its close fails as well, where it returned 0 and
+// its bytes were gone. Nothing of the failed draft is committed later.
+TEST_P(StoreConflictsInOneProcess, AFailedCommitIsToldToEveryDescriptorInIt) {
+  ASSERT_OK_AND_ASSIGN(auto real, Engine::Open(fx_->db(), false));
+  auto lossy = std::make_unique<LostAckEngine>(std::move(real));
+  LostAckEngine* engine = lossy.get();
+  auto backend = StoreBackend::Serve(std::move(lossy), QuickLeases());
+  vfs::Caller a = fx_->CallerFor("a");
+  const std::string path = "/memories/teams/t/shared.md";
+  {
+    ASSERT_OK_AND_ASSIGN(auto f,
+                         backend->Open(a, P(path), O_WRONLY | O_CREAT, 0644));
+    ASSERT_OK(f->Write("base\n", 5, 0));
+    ASSERT_OK(f->Flush());
+  }
+  ASSERT_OK_AND_ASSIGN(auto p2,
+                       backend->Open(a, P(path), O_WRONLY | O_APPEND, 0));
+  ASSERT_OK_AND_ASSIGN(auto p3,
+                       backend->Open(a, P(path), O_WRONLY | O_APPEND, 0));
+  ASSERT_OK(p2->Write("p2\n", 3, 0));
+  ASSERT_OK(p3->Write("p3\n", 3, 0));
+  engine->FailNextOnThisThread();
+  EXPECT_ERRNO(p3->Flush(), EIO);
+  auto told = p2->Flush();
+  ASSERT_ERRNO(told, EIO);
+  EXPECT_NE(told.error().message.find("was not committed"), std::string::npos)
+      << told.error().message;
+  EXPECT_OK(p2->Flush());  // told once
+  ASSERT_OK_AND_ASSIGN(auto now, ReadPath(*backend, a, path));
+  EXPECT_EQ(now, "base\n");
+  // Writing on: a fresh draft of the file as committed, without the lost
+  // lines.
+  ASSERT_OK(p2->Write("again\n", 6, 0));
+  ASSERT_OK(p2->Flush());
+  ASSERT_OK_AND_ASSIGN(now, ReadPath(*backend, a, path));
+  EXPECT_EQ(now, "base\nagain\n");
+  // A descriptor that writes again before it flushes is told at that write.
+  ASSERT_OK(p2->Write("p2b\n", 4, 0));
+  ASSERT_OK(p3->Write("p3b\n", 4, 0));
+  engine->FailNextOnThisThread();
+  EXPECT_ERRNO(p3->Flush(), EIO);
+  EXPECT_ERRNO(p2->Write("p2c\n", 4, 0), EIO);
+  p2.reset();
+  p3.reset();
+  ASSERT_OK_AND_ASSIGN(now, ReadPath(*backend, a, path));
+  EXPECT_EQ(now, "base\nagain\n");
+  ASSERT_OK_AND_ASSIGN(auto history, backend->History(a, P(path)));
+  EXPECT_EQ(history.size(), 2u);
+}
+
+// A descriptor kept open after its flush (dup(2), a child) keeps the
+// session's handle of the file; the lease ends at that flush, so another
+// session may commit. The first session then reads what was committed
+// (not its old draft), and its next write is refused as stale, at once,
+// not after the bytes were written.
+TEST_P(StoreConflictsInOneProcess, AFlushedDraftDoesNotOutliveTheLease) {
+  auto backend = fx_->OpenBackend();
+  ASSERT_NE(backend, nullptr);
+  vfs::Caller a = fx_->CallerFor("a");
+  vfs::Caller b = fx_->CallerFor("b");
+  const std::string path = "/memories/teams/t/kept.md";
+  ASSERT_OK_AND_ASSIGN(
+      auto kept, backend->Open(a, P(path), O_RDWR | O_CREAT | O_APPEND, 0644));
+  ASSERT_OK(kept->Write("a1\n", 3, 0));
+  ASSERT_OK(kept->Flush());  // committed; the handle stays
+  ASSERT_OK(ReadPath(*backend, b, path));
+  {
+    ASSERT_OK_AND_ASSIGN(auto f,
+                         backend->Open(b, P(path), O_WRONLY | O_APPEND, 0));
+    ASSERT_OK(f->Write("b1\n", 3, 0));
+    ASSERT_OK(f->Flush());
+  }
+  ASSERT_OK_AND_ASSIGN(auto seen, ReadPath(*backend, a, path));
+  EXPECT_EQ(seen, "a1\nb1\n");
+  EXPECT_ERRNO(kept->Write("a2\n", 3, 0), ESTALE);
+  // Having read it, the session appends through a new descriptor.
+  {
+    ASSERT_OK_AND_ASSIGN(auto f,
+                         backend->Open(a, P(path), O_WRONLY | O_APPEND, 0));
+    ASSERT_OK(f->Write("a2\n", 3, 0));
+    ASSERT_OK(f->Flush());
+  }
+  kept.reset();
+  ASSERT_OK_AND_ASSIGN(seen, ReadPath(*backend, b, path));
+  EXPECT_EQ(seen, "a1\nb1\na2\n");
+}
 
 // An open for writing whose transaction took the lease but whose
 // acknowledgement was lost fails (EIO), and leaves no lease behind: before,
