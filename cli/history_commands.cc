@@ -196,6 +196,11 @@ void AddCat(CLI::App& app, int* exit_code) {
                                          "(see the folder with `agentvfs "
                                          "export` or through a mount)");
           }
+          // "file/" names a directory, as it does for cat(1).
+          if (a->path.size() > 1 && a->path.back() == '/')
+            return vfs::Fail(ENOTDIR, path->str() +
+                                          " is not a directory (drop the "
+                                          "trailing /)");
           std::string buf(store::kCopyPieceBytes, '\0');
           for (off_t offset = 0;;) {
             auto got = (*file)->Read(buf.data(), buf.size(), offset);
@@ -271,7 +276,7 @@ void AddPurge(CLI::App& app, int* exit_code) {
     *exit_code = RunAsUser(
         "purge", a->store, "cli", [&](StoreSession& s) -> vfs::Status {
           auto r = s.backend->Purge(s.caller, *path, a->keep_current);
-          if (!r) return std::unexpected(r.error());
+          if (!r) return Naming(r.error(), *path);
           std::cout << "purged " << path->str() << ": " << r->versions
                     << " version(s), " << r->files << " file(s)";
           // Contents are shared across the whole store, so how much of it

@@ -86,6 +86,8 @@ void AddSkillsList(CLI::App* skills, int* exit_code) {
           auto root = vfs::Path::Parse(store::kSkillsRoot);
           if (!root) return std::unexpected(root.error());
           auto entries = s.backend->ReadDir(s.caller, *root);
+          // /skills hidden from this user: no skill they can read.
+          if (!entries && entries.error().code == ENOENT) return {};
           if (!entries) return std::unexpected(entries.error());
           std::sort(
               entries->begin(), entries->end(),

@@ -133,34 +133,6 @@ std::string Argument(const ContentBlock& call,
   return what;
 }
 
-// `s` with every byte that is not part of valid UTF-8 replaced by U+FFFD
-// (command output is bytes; the APIs and the event log take text).
-std::string ValidUtf8(const std::string& s) {
-  std::string out;
-  out.reserve(s.size());
-  size_t i = 0;
-  while (i < s.size()) {
-    unsigned char c = static_cast<unsigned char>(s[i]);
-    size_t len = c < 0x80         ? 1
-                 : (c >> 5) == 6  ? 2
-                 : (c >> 4) == 14 ? 3
-                 : (c >> 3) == 30 ? 4
-                                  : 0;
-    bool ok = len > 0 && i + len <= s.size();
-    for (size_t k = 1; ok && k < len; ++k)
-      ok = (static_cast<unsigned char>(s[i + k]) >> 6) == 2;
-    if (ok && len == 2 && c < 0xC2) ok = false;  // overlong
-    if (ok) {
-      out.append(s, i, len);
-      i += len;
-    } else {
-      out += "\xEF\xBF\xBD";
-      ++i;
-    }
-  }
-  return out;
-}
-
 // The last non-empty line of a tool result (where the exit code is).
 std::string LastLine(const std::string& text) {
   size_t end = text.find_last_not_of('\n');

@@ -611,6 +611,13 @@ ToolResult FileTools::Create(const vfs::Path& path, const std::string& text,
   // new text is in).
   bool made = true;
   auto h = router_.Open(caller_, path, O_WRONLY | O_CREAT | O_EXCL, 0644);
+  if (!h && h.error().code == ENOENT && !must_be_new &&
+      !router_.Stat(caller_, path.Parent())) {
+    // The editor makes missing folders too (a model otherwise spends a
+    // turn on "No such file or directory" and a mkdir).
+    if (auto ok = MakeParents(path); !ok) return Failure(ok.error(), path);
+    h = router_.Open(caller_, path, O_WRONLY | O_CREAT | O_EXCL, 0644);
+  }
   if (!h && h.error().code == EEXIST && !must_be_new) {
     made = false;
     h = router_.Open(caller_, path, O_WRONLY | O_CREAT, 0644);

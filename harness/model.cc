@@ -14,6 +14,36 @@
 
 namespace agentvfs::harness {
 
+std::string ValidUtf8(const std::string& s) {
+  std::string out;
+  out.reserve(s.size());
+  size_t i = 0;
+  auto at = [&](size_t k) { return static_cast<unsigned char>(s[k]); };
+  while (i < s.size()) {
+    unsigned char c = at(i);
+    size_t len = c < 0x80                 ? 1
+                 : c >= 0xC2 && c <= 0xDF ? 2
+                 : c >= 0xE0 && c <= 0xEF ? 3
+                 : c >= 0xF0 && c <= 0xF4 ? 4
+                                          : 0;
+    bool ok = len > 0 && i + len <= s.size();
+    for (size_t k = 1; ok && k < len; ++k) ok = (at(i + k) >> 6) == 2;
+    // No overlong forms, no surrogates, nothing past U+10FFFF.
+    if (ok && len == 3)
+      ok = !(c == 0xE0 && at(i + 1) < 0xA0) && !(c == 0xED && at(i + 1) > 0x9F);
+    if (ok && len == 4)
+      ok = !(c == 0xF0 && at(i + 1) < 0x90) && !(c == 0xF4 && at(i + 1) > 0x8F);
+    if (ok) {
+      out.append(s, i, len);
+      i += len;
+    } else {
+      out += "\xEF\xBF\xBD";
+      ++i;
+    }
+  }
+  return out;
+}
+
 namespace {
 std::atomic<int> g_interrupted{0};
 }  // namespace
@@ -158,7 +188,7 @@ struct TooDeep {};
 
 // json::parse(text) that gives up (TooDeep) past kMaxJsonDepth; a text that
 // is not JSON is discarded as with allow_exceptions = false.
-json ParseReply(const std::string& text) {
+json ParseReplyAsIs(const std::string& text) {
   return json::parse(
       text,
       [](int depth, json::parse_event_t event, json&) {
@@ -169,6 +199,16 @@ json ParseReply(const std::string& text) {
         return true;
       },
       false);
+}
+
+// A reply with bytes that are not UTF-8 in its strings (a server passing
+// the model's bytes on) is read with U+FFFD in their place, as tool output
+// is, rather than failing the session as "not a message".
+json ParseReply(const std::string& text) {
+  json j = ParseReplyAsIs(text);
+  if (!j.is_discarded()) return j;
+  std::string clean = ValidUtf8(text);
+  return clean == text ? j : ParseReplyAsIs(clean);
 }
 
 // A token count of a reply's `usage`: 0 when absent or null; an error for
@@ -439,11 +479,22 @@ class OpenAiClient final : public ModelClient {
       if (msg.contains("tool_calls") && msg["tool_calls"].is_array()) {
         for (const auto& call : msg["tool_calls"]) {
           const json fn = call.value("function", json::object());
-          std::string args = fn.value("arguments", std::string("{}"));
-          json input = ParseReply(args);
-          // Arguments that are not JSON reach the tool as a string, which it
-          // refuses with a message the model can act on.
-          if (input.is_discarded()) input = args;
+          // A JSON text, as the API sends them; some compatible servers
+          // send the object itself.
+          json input = json::object();
+          if (auto a = fn.find("arguments"); a != fn.end()) {
+            if (a->is_object()) {
+              input = *a;
+            } else if (a->is_string()) {
+              std::string args = a->get<std::string>();
+              input = ParseReply(args);
+              // Arguments that are not JSON reach the tool as a string,
+              // which it refuses with a message the model can act on.
+              if (input.is_discarded()) input = args;
+            } else if (!a->is_null()) {
+              input = a->dump();
+            }
+          }
           out.message.content.push_back(
               ContentBlock::ToolUse(call.value("id", std::string()),
                                     fn.value("name", std::string()), input));

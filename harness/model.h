@@ -162,4 +162,10 @@ nlohmann::json AnthropicRequestBody(const ClientConfig& config,
 nlohmann::json OpenAiRequestBody(const ClientConfig& config,
                                  const ModelRequest& request);
 
+// `s` with every byte that is not part of valid UTF-8 (strict: no overlong
+// forms, surrogates or code points past U+10FFFF) replaced by U+FFFD.
+// Command output and some servers' replies are bytes; the APIs, JSON and
+// the event log take text.
+std::string ValidUtf8(const std::string& s);
+
 }  // namespace agentvfs::harness

@@ -263,7 +263,15 @@ vfs::Error FromPg(PGconn* conn, const PGresult* r, std::string_view what) {
            "change was kept: free some space there, then write again)";
   } else if (state == "53200") {
     code = ENOMEM;
-  } else if (state == "42501" || state.starts_with("28")) {
+  } else if (state == "42501") {
+    // Not a grant of the store (that is EACCES): the database role may not
+    // touch the store's tables, which no caller can fix. EIO, so that a
+    // mount logs it.
+    msg +=
+        " (the database role in the store's URI lacks privileges on the "
+        "store's tables or schema: connect as the role that made the "
+        "store, or have the database's owner grant them)";
+  } else if (state.starts_with("28")) {
     code = EACCES;
   } else if (state == "22021") {
     code = EILSEQ;

@@ -5,6 +5,7 @@ one JSON line each. Prints its port on stdout once it listens.
 
 usage: fake_model_server.py SCRIPT.json LOG.jsonl
 SCRIPT.json: [{"status": 200, "headers": {...}, "body": {...} or "text",
+               "body_latin1": "text whose characters are the bytes sent",
                "delay_s": seconds to wait before answering (optional)}, ...]
 """
 import http.server
@@ -37,6 +38,8 @@ class Handler(http.server.BaseHTTPRequestHandler):
         time.sleep(answer.get("delay_s", 0))
         payload = answer.get("body", "")
         data = (payload if isinstance(payload, str) else json.dumps(payload)).encode()
+        if "body_latin1" in answer:  # raw bytes, 0-255 (invalid UTF-8, say)
+            data = answer["body_latin1"].encode("latin-1")
         self.send_response(answer.get("status", 200))
         for k, v in answer.get("headers", {}).items():
             self.send_header(k, v)

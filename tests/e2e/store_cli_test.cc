@@ -812,9 +812,11 @@ TEST_F(StoreCliTest, StoreAndWorkspaceFilesNeverShareAnInodeNumber) {
     ~Unmount() { umount2(path.c_str(), MNT_DETACH); }
   } unmount{ws.path()};
   for (int i = 0; i < 30; ++i) {
-    ASSERT_TRUE(WriteFile(ws.Sub("w" + std::to_string(i)), "workspace\n"));
+    // (Appended, not "w" + to_string: GCC 12 warns wrongly, -Wrestrict.)
+    std::string n = std::to_string(i);
+    ASSERT_TRUE(WriteFile(ws.Sub(std::string("w").append(n)), "workspace\n"));
     ASSERT_TRUE(
-        ApiWrite("lead", "/memories/org/s" + std::to_string(i), "store\n"));
+        ApiWrite("lead", std::string("/memories/org/s").append(n), "store\n"));
   }
   std::string error;
   auto view = MountAs(lead, ws, mnt, &error);
@@ -1062,6 +1064,7 @@ TEST_F(StoreCliTest, OddInputGetsAClearAnswer) {
   const std::string lead = Init();
   const std::string dev = AddUser(lead, "dev", {"--team", "eng"});
   ASSERT_TRUE(ApiWrite("lead", "/memories/users/lead/a.md", "hello\n"));
+  CommandResult r0;
   // A path that is not UTF-8, as JSON.
   const std::string odd =
       "/memories/users/lead/bad\xff"
@@ -1085,6 +1088,16 @@ TEST_F(StoreCliTest, OddInputGetsAClearAnswer) {
   EXPECT_EQ(MustAs(lead, {"cat", "/memories/users/lead/link.md"}), "hello\n");
   ExpectRefused(lead, {"cat", "/memories/users/lead/nope.md"},
                 "/memories/users/lead/nope.md: ");
+  // A trailing / names a directory, as for cat(1); purge names the path it
+  // found nothing at; with /skills hidden, skills list lists nothing.
+  ExpectRefused(lead, {"cat", "/memories/users/lead/a.md/"},
+                "/memories/users/lead/a.md is not a directory");
+  ExpectRefused(dev, {"purge", "/memories/users/lead/a.md"},
+                "/memories/users/lead/a.md: ");
+  MustAs(lead, {"revoke", "/skills", "--from", "everyone"});
+  r0 = As(dev, {"skills", "list"});
+  EXPECT_EQ(r0.exit_status, 0) << r0.output;
+  EXPECT_EQ(r0.output, "");
   CommandResult r =
       As(lead, {"cat", "/memories/users/lead/a.md", "--version", "0"});
   EXPECT_NE(r.exit_status, 0);

@@ -104,7 +104,13 @@ TEST_F(FileToolsTest, CreateWritesTheFileEditorOverwritesMemoryDoesNot) {
             {"file_text", "again\n"}});
   EXPECT_FALSE(r.is_error);
   EXPECT_EQ(Host("new.md"), "again\n");
-  // The memory tool makes missing folders, and never overwrites.
+  // Both make missing folders.
+  r = Edit({{"command", "create"},
+            {"path", "/workspace/src/lib/util.py"},
+            {"file_text", "x = 1\n"}});
+  EXPECT_FALSE(r.is_error) << r.text;
+  EXPECT_EQ(Host("src/lib/util.py"), "x = 1\n");
+  // The memory tool never overwrites.
   r = Mem({{"command", "create"},
            {"path", "/memories/users/alice/projects/x/notes.md"},
            {"file_text", "first\n"}});
@@ -323,12 +329,13 @@ TEST_F(FileToolsTest, ErrorsNameTheWorkspacePathsTheModelUsed) {
   EXPECT_TRUE(r.is_error);
   EXPECT_THAT(r.text, HasSubstr("/workspace/missing.txt"));
   EXPECT_THAT(r.text, Not(HasSubstr(" /missing.txt")));
+  ASSERT_TRUE(WriteFile(ws_->Sub("afile"), "a file\n"));
   r = Edit({{"command", "create"},
-            {"path", "/workspace/nodir/x.txt"},
+            {"path", "/workspace/afile/x.txt"},
             {"file_text", "x"}});
   EXPECT_TRUE(r.is_error);
-  EXPECT_THAT(r.text, HasSubstr("/workspace/nodir/x.txt"));
-  EXPECT_THAT(r.text, Not(HasSubstr(" /nodir/x.txt")));
+  EXPECT_THAT(r.text, HasSubstr("/workspace/afile/x.txt"));
+  EXPECT_THAT(r.text, Not(HasSubstr(" /afile/x.txt")));
   ASSERT_EQ(symlink("/etc/passwd", ws_->Sub("esc").c_str()), 0);
   r = Edit({{"command", "view"}, {"path", "/workspace/esc"}});
   EXPECT_TRUE(r.is_error);

@@ -171,6 +171,53 @@ TEST(ModelClientTest, OpenAiSpeaksChatCompletionsWithToolCalls) {
   EXPECT_TRUE(r->message.content[1].input.is_string());
 }
 
+// Some OpenAI-compatible servers send a call's arguments as the object
+// itself, not as JSON text; and a reply whose strings hold bytes that are
+// not UTF-8 is read with U+FFFD in their place. Both failed the session.
+TEST(ModelClientTest, ArgumentsAsAnObjectAndRepliesThatAreNotUtf8AreRead) {
+  json answer = {
+      {"id", "chatcmpl-2"},
+      {"choices",
+       {{{"index", 0},
+         {"finish_reason", "tool_calls"},
+         {"message",
+          {{"role", "assistant"},
+           {"content", nullptr},
+           {"tool_calls",
+            {{{"id", "call_1"},
+              {"type", "function"},
+              {"function",
+               {{"name", "bash"}, {"arguments", {{"command", "pwd"}}}}}}}}}}}}},
+      {"usage", {{"prompt_tokens", 1}, {"completion_tokens", 1}}}};
+  // "caf\xe9" and a lone continuation byte, as raw bytes in the reply.
+  json bad = kAnthropicAnswer;
+  bad["content"][0]["text"] = "caf@ ok @";
+  std::string raw = bad.dump();
+  // The fake server sends each character of body_latin1 as one byte.
+  std::string latin1;
+  int ats = 0;
+  for (char c : raw) {
+    if (c != '@')
+      latin1 += c;
+    else
+      latin1 += ats++ == 0 ? "\xc3\xa9"   // U+00E9: the byte E9
+                           : "\xc2\x80";  // U+0080: the byte 80
+  }
+  FakeApi api{{{"status", 200}, {"body", answer}},
+              {{"status", 200}, {"body_latin1", latin1}}};
+  auto openai = harness::MakeModelClient(Config("openai", api.Url("/v1/")));
+  ASSERT_TRUE(openai.has_value());
+  auto r = (*openai)->Complete(Conversation());
+  ASSERT_TRUE(r.has_value()) << r.error().message;
+  ASSERT_EQ(r->message.content.size(), 1u);
+  EXPECT_EQ(r->message.content[0].input, (json{{"command", "pwd"}}));
+  auto anthropic = harness::MakeModelClient(Config("anthropic", api.Url()));
+  ASSERT_TRUE(anthropic.has_value());
+  r = (*anthropic)->Complete(Conversation());
+  ASSERT_TRUE(r.has_value()) << r.error().message;
+  EXPECT_EQ(r->message.content[0].text, "caf\xef\xbf\xbd ok \xef\xbf\xbd");
+}
+
 // What a server (or the model, which writes a call's arguments) sends is
 // checked before it is used: JSON nested 100,000 deep crashed the harness
 // (copying it recursed once per level), and negative or absurd token

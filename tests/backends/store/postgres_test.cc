@@ -435,5 +435,39 @@ TEST(PostgresEngineTest, APurgeThatCouldNotCompactSaysSo) {
   ASSERT_OK(owner->Purge(admin, P(path), false));
 }
 
+// A database role that may read the store's tables but not write them is
+// a misconfigured store, not a refusal by the store's grants: EIO (a mount
+// logs it) with the server's reason and what to do, not a bare EACCES.
+TEST(PostgresEngineTest, ARoleWithoutPrivilegesIsAnErrorOfTheStore) {
+  ASSERT_OK_AND_ASSIGN(
+      auto fx, StoreFixture::Create({"alice"}, {}, StoreEngine::kPostgres));
+  const std::string role = "avfs_read_only_" + std::to_string(getpid());
+  for (const std::string& sql :
+       {"CREATE ROLE " + role + " LOGIN",
+        "GRANT USAGE ON SCHEMA public TO " + role,
+        "GRANT SELECT ON ALL TABLES IN SCHEMA public TO " + role}) {
+    ASSERT_OK(PgQuery(fx->db(), sql));
+  }
+  struct DropRole {
+    std::string uri, role;
+    ~DropRole() {
+      (void)PgQuery(uri, "DROP OWNED BY " + role);
+      (void)PgQuery(uri, "DROP ROLE " + role);
+    }
+  } drop{fx->db(), role};
+  std::string uri = fx->db();
+  auto at = uri.find("user=postgres");
+  ASSERT_NE(at, std::string::npos) << uri;
+  uri.replace(at, 13, "user=" + role);
+  ASSERT_OK_AND_ASSIGN(auto reader, StoreBackend::Open(uri));
+  auto alice = fx->CallerFor("alice");
+  auto wrote = CommitFile(*reader, alice, "/memories/users/alice/x.md", "x\n");
+  ASSERT_ERRNO(wrote, EIO);
+  EXPECT_NE(wrote.error().message.find("permission denied"), std::string::npos)
+      << wrote.error().message;
+  EXPECT_NE(wrote.error().message.find("lacks privileges"), std::string::npos)
+      << wrote.error().message;
+}
+
 }  // namespace
 }  // namespace agentvfs::store
