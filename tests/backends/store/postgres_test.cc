@@ -382,6 +382,23 @@ TEST(PostgresEngineTest, NameBytesPassWhateverTheClientEncoding) {
 // tables: PostgreSQL skips their VACUUM with a mere warning. The purge is
 // committed, and it says so, and that the bytes may still be on disk,
 // instead of reporting them erased.
+// A role made for a test, dropped with what it owns when the test ends.
+struct DropRoleAtEnd {
+  std::string uri, role;
+  ~DropRoleAtEnd() {
+    (void)PgQuery(uri, "DROP OWNED BY " + role);
+    (void)PgQuery(uri, "DROP ROLE " + role);
+  }
+};
+
+// The test server's URI `uri` (as postgres) as `role`; "" if it names no
+// user.
+std::string AsRole(std::string uri, const std::string& role) {
+  auto at = uri.find("user=postgres");
+  if (at == std::string::npos) return "";
+  return uri.replace(at, 13, "user=" + role);
+}
+
 TEST(PostgresEngineTest, APurgeThatCouldNotCompactSaysSo) {
   ASSERT_OK_AND_ASSIGN(
       auto fx, StoreFixture::Create({"alice"}, {}, StoreEngine::kPostgres));
@@ -401,17 +418,9 @@ TEST(PostgresEngineTest, APurgeThatCouldNotCompactSaysSo) {
         "GRANT ALL ON ALL SEQUENCES IN SCHEMA public TO " + role}) {
     ASSERT_OK(PgQuery(fx->db(), sql));
   }
-  struct DropRole {
-    std::string uri, role;
-    ~DropRole() {
-      (void)PgQuery(uri, "DROP OWNED BY " + role);
-      (void)PgQuery(uri, "DROP ROLE " + role);
-    }
-  } drop{fx->db(), role};
-  std::string uri = fx->db();
-  auto at = uri.find("user=postgres");
-  ASSERT_NE(at, std::string::npos) << uri;
-  uri.replace(at, 13, "user=" + role);
+  DropRoleAtEnd drop{fx->db(), role};
+  std::string uri = AsRole(fx->db(), role);
+  ASSERT_FALSE(uri.empty()) << fx->db();
   {
     ASSERT_OK_AND_ASSIGN(auto other, StoreBackend::Open(uri));
     auto purged = other->Purge(admin, P(path), false);
@@ -448,17 +457,9 @@ TEST(PostgresEngineTest, ARoleWithoutPrivilegesIsAnErrorOfTheStore) {
         "GRANT SELECT ON ALL TABLES IN SCHEMA public TO " + role}) {
     ASSERT_OK(PgQuery(fx->db(), sql));
   }
-  struct DropRole {
-    std::string uri, role;
-    ~DropRole() {
-      (void)PgQuery(uri, "DROP OWNED BY " + role);
-      (void)PgQuery(uri, "DROP ROLE " + role);
-    }
-  } drop{fx->db(), role};
-  std::string uri = fx->db();
-  auto at = uri.find("user=postgres");
-  ASSERT_NE(at, std::string::npos) << uri;
-  uri.replace(at, 13, "user=" + role);
+  DropRoleAtEnd drop{fx->db(), role};
+  std::string uri = AsRole(fx->db(), role);
+  ASSERT_FALSE(uri.empty()) << fx->db();
   ASSERT_OK_AND_ASSIGN(auto reader, StoreBackend::Open(uri));
   auto alice = fx->CallerFor("alice");
   auto wrote = CommitFile(*reader, alice, "/memories/users/alice/x.md", "x\n");
