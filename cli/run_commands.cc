@@ -139,8 +139,9 @@ vfs::Status Configure(const RunArgs& a, harness::ClientConfig& client,
   if (options.budget.cost_usd > 0 && options.price.input_per_mtok <= 0 &&
       options.price.output_per_mtok <= 0)
     std::cerr << "agentvfs: warning: no prices for " << client.model << " ("
-              << (root.IsNull() ? "there is no config file " + path
-                                : "none in " + path)
+              << (path.empty() || !std::filesystem::exists(path)
+                      ? "there is no config file " + path
+                      : "none in " + path)
               << "), so the cost budget ($" << options.budget.cost_usd
               << ") is not enforced and costs show as $0 (add prices: {"
               << client.model

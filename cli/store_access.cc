@@ -47,10 +47,17 @@ vfs::Result<std::string> ResolveStoreName(const StoreFlags& flags) {
       std::string name = store.as<std::string>();
       // A relative file name is relative to the config file, wherever the
       // command runs (from the working directory, `init` made a second
-      // store in every directory it was run in).
-      if (name[0] != '/' && name.find("://") == std::string::npos &&
+      // store in every directory it was run in). A name with a scheme
+      // (postgresql:..., sqlite:FILE) keeps it: only sqlite's FILE is a
+      // path.
+      std::string scheme = name.starts_with("sqlite:") ? "sqlite:" : "";
+      std::string file = name.substr(scheme.size());
+      const bool other_scheme = scheme.empty() &&
+                                name.find(':') != std::string::npos &&
+                                name.find(':') < name.find('/');
+      if (!other_scheme && !file.empty() && file[0] != '/' &&
           config.find('/') != std::string::npos)
-        name = config.substr(0, config.rfind('/') + 1) + name;
+        name = scheme + config.substr(0, config.rfind('/') + 1) + file;
       return name;
     }
   } catch (const std::exception& e) {

@@ -26,35 +26,44 @@ std::string Short(std::string s, size_t n = 60) {
   return s;
 }
 
+// The invisible formatting character (bidirectional controls, zero-width
+// and joining characters, line and paragraph separators, variation
+// selectors, tags, the soft hyphen, the BOM) whose UTF-8 starts at s[i]:
+// its code point and length in bytes, or {0, 0}.
+std::pair<uint32_t, size_t> InvisibleFormat(const std::string& s, size_t i) {
+  auto at = [&](size_t k) -> uint32_t {
+    return k < s.size() ? static_cast<unsigned char>(s[k]) : 0u;
+  };
+  uint32_t c = at(i);
+  size_t len = c >= 0xC2 && c <= 0xDF   ? 2
+               : c >= 0xE0 && c <= 0xEF ? 3
+               : c >= 0xF0 && c <= 0xF4 ? 4
+                                        : 0;
+  if (len == 0) return {0, 0};
+  uint32_t cp = c & (0x7F >> len);
+  for (size_t k = 1; k < len; ++k) {
+    if ((at(i + k) >> 6) != 2) return {0, 0};
+    cp = (cp << 6) | (at(i + k) & 0x3F);
+  }
+  const bool invisible =
+      cp == 0x00ad || cp == 0x061c || cp == 0x180e ||
+      (cp >= 0x200b && cp <= 0x200f) || (cp >= 0x2028 && cp <= 0x202e) ||
+      (cp >= 0x2060 && cp <= 0x2069) || (cp >= 0xfe00 && cp <= 0xfe0f) ||
+      cp == 0xfeff || (cp >= 0xfff9 && cp <= 0xfffb) ||
+      (cp >= 0xe0000 && cp <= 0xe007f);
+  return invisible ? std::pair{cp, len} : std::pair<uint32_t, size_t>{0, 0};
+}
+
 // `s` as a person may safely see it on a terminal: control characters (C0,
 // DEL, and C1 as UTF-8) written as \xNN (\n, \t, \r by name), and a
 // backslash doubled, so a written "\n" never looks like a line break. Raw, a
 // model's command could carry "\r\x1b[2K" and make an approval prompt or a
-// progress line show something other than what runs.
-// The code point of the invisible formatting character (bidirectional
-// controls, zero-width characters, the BOM) whose UTF-8 starts at s[i], or
-// 0.
-unsigned InvisibleFormat(const std::string& s, size_t i) {
-  auto at = [&](size_t k) {
-    return k < s.size() ? static_cast<unsigned char>(s[k]) : 0u;
-  };
-  if (at(i) == 0xD8 && at(i + 1) == 0x9C) return 0x061c;  // Arabic letter mark
-  if (at(i) == 0xEF && at(i + 1) == 0xBB && at(i + 2) == 0xBF) return 0xfeff;
-  if (at(i) != 0xE2) return 0;
-  unsigned b1 = at(i + 1), b2 = at(i + 2);
-  if (b2 < 0x80 || b2 > 0xBF) return 0;
-  unsigned cp = 0x2000 | ((b1 & 0x3F) << 6) | (b2 & 0x3F);
-  if (b1 < 0x80 || b1 > 0x81) return 0;
-  if ((cp >= 0x200b && cp <= 0x200f) || (cp >= 0x202a && cp <= 0x202e) ||
-      (cp >= 0x2060 && cp <= 0x2069))
-    return cp;
-  return 0;
-}
-
+// progress line show something other than what runs. Invisible formatting
+// characters (InvisibleFormat) are written as \uXXXX.
 std::string Printable(const std::string& s, bool keep_lines = false) {
   std::string out;
   out.reserve(s.size());
-  char hex[8];
+  char hex[16];
   for (size_t i = 0; i < s.size(); ++i) {
     const unsigned char c = static_cast<unsigned char>(s[i]);
     if (keep_lines && (c == '\n' || c == '\t')) {
@@ -78,12 +87,13 @@ std::string Printable(const std::string& s, bool keep_lines = false) {
                     static_cast<unsigned char>(s[i + 1]));
       out += hex;
       ++i;
-    } else if (unsigned cp = InvisibleFormat(s, i)) {
+    } else if (auto [cp, len] = InvisibleFormat(s, i); len > 0) {
       // Bidi overrides and isolates, zero-width characters: a command
       // that shows one way and runs another.
-      std::snprintf(hex, sizeof hex, "\\u%04x", cp);
+      std::snprintf(hex, sizeof hex, cp > 0xffff ? "\\U%08x" : "\\u%04x",
+                    static_cast<unsigned>(cp));
       out += hex;
-      i += cp == 0x061c ? 1 : 2;
+      i += len - 1;
     } else {
       out += static_cast<char>(c);
     }

@@ -837,18 +837,25 @@ vfs::Status NotASystemDirectory(const std::string& real,
                             "and name that");
   };
   for (const char* dir :
-       {"/", "/home", "/mnt", "/media", "/srv", "/tmp", "/var/tmp"}) {
+       {"/", "/home", "/mnt", "/media", "/opt", "/srv", "/tmp", "/var",
+        "/var/tmp", "/var/home", "/run", "/run/media"}) {
     if (real == dir) return refuse("a system directory");
   }
-  // Whole trees of the system: programs, settings, state, logs, runtime
-  // files (/run/agentvfs holds the sandbox ids' locks). /var/tmp is for
-  // anyone's work.
+  // Whole trees of the system: programs, settings, services' state, logs,
+  // runtime files (/run/agentvfs holds the sandbox ids' locks, /run/user
+  // the users' agent sockets). Work has its place elsewhere in /var
+  // (/var/tmp, /var/www, Silverblue's /var/home) and on removable media
+  // (/run/media).
   for (const char* dir :
-       {"/bin", "/boot", "/dev", "/etc", "/lib", "/lib32", "/lib64", "/libx32",
-        "/opt", "/proc", "/run", "/sbin", "/sys", "/usr", "/var"}) {
-    if (vfs::IsWithin(real, dir) && !vfs::IsWithin(real, "/var/tmp"))
-      return refuse("a system directory");
+       {"/bin",       "/boot",     "/dev",         "/etc",     "/lib",
+        "/lib32",     "/lib64",    "/libx32",      "/proc",    "/sbin",
+        "/sys",       "/usr",      "/var/lib",     "/var/log", "/var/cache",
+        "/var/spool", "/var/mail", "/var/backups", "/var/run", "/var/lock",
+        "/var/opt"}) {
+    if (vfs::IsWithin(real, dir)) return refuse("a system directory");
   }
+  if (vfs::IsWithin(real, "/run") && !vfs::IsWithin(real, "/run/media"))
+    return refuse("a system directory");
   // Home directories of every account, and what holds them (/home); in a
   // home, its settings and programs: a dot-directory (~/.ssh, ~/.config,
   // ~/.cargo) or ~/bin, and everything below them.
@@ -887,7 +894,7 @@ vfs::Status NotASystemDirectory(const std::string& real,
 // whatever it leads to. Only links in "/" itself (/home -> /data/home) are
 // followed; otherwise the person names the directory itself. EINVAL saying
 // which.
-vfs::Status NotThroughALink(const std::string& given) {
+vfs::Status NotThroughALink(const std::string& given, const std::string& real) {
   std::string cur;
   if (given.empty() || given[0] != '/') {
     char cwd[PATH_MAX];
@@ -919,7 +926,7 @@ vfs::Status NotThroughALink(const std::string& given) {
                               resolved + "), which an agent working in " + cur +
                               " could have made; name the directory itself "
                               "if that is the one you mean: --workspace " +
-                              resolved);
+                              real);
     }
     cur = resolved;
   }
@@ -941,7 +948,7 @@ vfs::Result<std::unique_ptr<Sandbox>> Sandbox::Create(SandboxOptions options) {
                 "workspace '" + options.workspace + "' is not a directory");
   if (auto ok = NotASystemDirectory(real, options.workspace); !ok)
     return std::unexpected(ok.error());
-  if (auto ok = NotThroughALink(options.workspace); !ok)
+  if (auto ok = NotThroughALink(options.workspace, real); !ok)
     return std::unexpected(ok.error());
   options.workspace = real;
   if (auto ok = NoSecretInside(options); !ok)

@@ -269,6 +269,9 @@ vfs::Result<Walked> WalkWith(Txn& txn, const std::string& path,
     if (comp == "." || comp == "..") {
       if (from_cache) return walk_again();
       plain = false;
+      // As the kernel: `file/..` in a link's target is no way back up (a
+      // skill's `x -> file/../d/up/../..` reached past its folder).
+      if (!dir.IsDir()) return vfs::Fail(ENOTDIR, "not a directory");
     }
     if (comp == ".") {
       ++pos;

@@ -595,9 +595,12 @@ bool LeadsOut(int root_fd, const std::string& rel, const std::string& target) {
       close(static_cast<int>(fd));
       return false;
     }
-    if (errno == EXDEV) return true;
     if (errno == EINTR || (errno == EAGAIN && ++attempt < 16)) continue;
-    // Missing, not a directory, a loop: check what leads there.
+    // Only a name that does not exist (yet) is checked by what leads to
+    // it; anything else counts as leading out: a step out (EXDEV), `..`
+    // after a file (ENOTDIR: the store's walk once took that as a way
+    // up), a loop, no openat2 at all.
+    if (errno != ENOENT) return true;
     size_t slash = path.find_last_of('/');
     if (slash == std::string::npos) return false;
     path.resize(slash);

@@ -373,6 +373,7 @@ struct OpenNode {
   // handle whose writes they held is told, not only the one that flushed.
   int64_t epoch = 0;
   std::map<int64_t, vfs::Error> failed;
+  int64_t forgotten = -1;  // failures of epochs up to this one not kept
 };
 
 class StoreBackend::Impl {
@@ -1333,7 +1334,12 @@ class StoreFile final : public vfs::FileHandle {
       std::lock_guard lock(node_->mu);
       TRY(EarlierWritesLostLocked());
       if (node_->dirty || (can_write_ && node_->created)) {
-        return CommitLocked(Durability::kFull, false);
+        // A failed fsync changes nothing: the draft stays, and the close
+        // (or another fsync) tries again.
+        TRY(impl_.Commit(caller_, *node_, Durability::kFull, false));
+        ++node_->epoch;
+        wrote_ = false;
+        return {};
       }
     }
     return impl_.engine_.Barrier();
@@ -1344,6 +1350,8 @@ class StoreFile final : public vfs::FileHandle {
     std::lock_guard lock(node_->mu);
     if (auto lost = EarlierWritesLostLocked(); !lost) {
       if (holds_lease_) (void)ReleaseLeaseLocked();
+      if (node_->lease_holders == 0 && !node_->dirty && !node_->created)
+        DropDraftLocked();
       return lost;
     }
     if (node_->created && !node_->dirty) {
@@ -1392,15 +1400,22 @@ class StoreFile final : public vfs::FileHandle {
   Status CommitLocked(Durability durability, bool release) {
     auto result = impl_.Commit(caller_, *node_, durability, release);
     if (!result) {
-      node_->failed.emplace(node_->epoch, result.error());
-      while (node_->failed.size() > 16)
-        node_->failed.erase(node_->failed.begin());
+      FailEpochLocked(result.error());
       node_->created = false;
       DropDraftLocked();
     }
     ++node_->epoch;
     wrote_ = false;  // this handle is told now, either way
     return result;
+  }
+
+  // Records that the writes of the current epoch were not committed.
+  void FailEpochLocked(const vfs::Error& e) {
+    node_->failed.emplace(node_->epoch, e);
+    while (node_->failed.size() > 16) {
+      node_->forgotten = node_->failed.begin()->first;
+      node_->failed.erase(node_->failed.begin());
+    }
   }
 
   void DropDraftLocked() {
@@ -1423,7 +1438,13 @@ class StoreFile final : public vfs::FileHandle {
     if (!wrote_ || write_epoch_ >= node_->epoch) return {};
     wrote_ = false;
     auto it = node_->failed.find(write_epoch_);
-    if (it == node_->failed.end()) return {};  // committed
+    if (it == node_->failed.end()) {
+      if (write_epoch_ > node_->forgotten) return {};  // committed
+      return Fail(EIO,
+                  "what was written through this descriptor may not have "
+                  "been committed (many commits of the session's other "
+                  "descriptors of the file failed since); read the file");
+    }
     return Fail(it->second.code,
                 "what was written through this descriptor was not committed "
                 "(the session's commit through another descriptor of the "
@@ -1464,6 +1485,15 @@ class StoreFile final : public vfs::FileHandle {
     if (!can_write_) return;
     discarded_ = true;
     std::lock_guard lock(node_->mu);
+    if (node_->dirty) {
+      // Other descriptors of the session (a process in the sandbox, which
+      // shares the harness's session) may have written into the draft.
+      FailEpochLocked(vfs::Error{EIO,
+                                 "the session dropped its uncommitted "
+                                 "changes to " +
+                                     node_->path + " (a failed edit)"});
+      ++node_->epoch;
+    }
     node_->dirty = false;
     node_->created = false;
     node_->last_write_ns = 0;

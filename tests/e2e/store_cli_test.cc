@@ -963,6 +963,29 @@ TEST_F(StoreCliTest, TheStoreIsNamedByFlagVariableOrConfigFile) {
   EXPECT_EQ(r.exit_status, 0) << r.output;
   EXPECT_TRUE(Contains(r.output, "lead")) << r.output;
   EXPECT_FALSE(std::filesystem::exists(work_->Sub("team.db")));
+  // sqlite:FILE the same; another scheme is left alone (and a PostgreSQL
+  // name without its // is refused, not made a file).
+  for (const std::string& name :
+       {std::string("sqlite:team.db"), "sqlite:" + db_,
+        std::string("postgresql:lead@localhost")}) {
+    ASSERT_TRUE(
+        WriteFile(store_dir_->Sub("config.yaml"), "store: '" + name + "'\n"));
+    r = RunCommand({AGENTVFS_BINARY, "user", "list"},
+                   CommandOptions{.cwd = work_->path(),
+                                  .env = {{"AGENTVFS_STORE", ""},
+                                          {"AGENTVFS_TOKEN", lead},
+                                          {"AGENTVFS_CONFIG",
+                                           store_dir_->Sub("config.yaml")}}});
+    if (name.starts_with("sqlite:")) {
+      EXPECT_EQ(r.exit_status, 0) << name << ": " << r.output;
+    } else {
+      EXPECT_TRUE(Contains(r.output, "is not a URI")) << r.output;
+    }
+  }
+  for (const auto& dir : {store_dir_->path(), work_->path()}) {
+    EXPECT_FALSE(std::filesystem::exists(dir + "/postgresql:lead@localhost"));
+    EXPECT_FALSE(std::filesystem::exists(dir + "/sqlite:team.db"));
+  }
   r = Cli({"user", "list"},
           {{"AGENTVFS_TOKEN", lead}, {"AGENTVFS_CONFIG", work_->path()}});
   EXPECT_NE(r.exit_status, 0);

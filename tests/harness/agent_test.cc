@@ -573,7 +573,8 @@ TEST_F(AgentTest, ACallTooLongToMatchAgainstTheRulesAsks) {
 TEST_F(AgentTest, TheApprovalPromptShowsTheWholeCallAsItRuns) {
   const std::string cmd =
       "echo 'checking the build status of the project, listing files only'"
-      "      ; rm -rf /workspace/important; echo \u202edone\u2066\u200b";
+      "      ; rm -rf /workspace/important; echo \u202edone\u2066\u200b"
+      "\u2028\U000e0041\u00ad";
   FakeApi api{ToolUse("t1", "bash", {{"command", cmd}}), Final("ok")};
   auto client = Client(api);
   AgentOptions options;
@@ -586,7 +587,8 @@ TEST_F(AgentTest, TheApprovalPromptShowsTheWholeCallAsItRuns) {
     if (l.find("waiting for approval") == std::string::npos) continue;
     waited = true;
     EXPECT_THAT(l, HasSubstr("; rm -rf /workspace/important; echo "
-                             "\\u202edone\\u2066\\u200b"));
+                             "\\u202edone\\u2066\\u200b\\u2028"
+                             "\\U000e0041\\u00ad"));
     EXPECT_EQ(l.find("\u202e"), std::string::npos) << l;
   }
   EXPECT_TRUE(waited);

@@ -204,7 +204,8 @@ TEST_F(SandboxSecretsTest, SettingsAndSystemStateAreNoWorkspace) {
   ASSERT_EQ(mkdir((hidden + "/sub").c_str(), 0755), 0);
   for (const std::string& ws :
        {hidden, hidden + "/sub", std::string("/run"), std::string("/var/log"),
-        std::string("/var/lib")}) {
+        std::string("/var/lib"), std::string("/var/cache/apt"),
+        std::string("/var")}) {
     auto sb = Create(ws);
     ASSERT_FALSE(sb.has_value()) << ws;
     EXPECT_EQ(sb.error().code, EINVAL);
@@ -216,10 +217,15 @@ TEST_F(SandboxSecretsTest, SettingsAndSystemStateAreNoWorkspace) {
               HasSubstr("where the programs or settings of"));
   rmdir((hidden + "/sub").c_str());
   rmdir(hidden.c_str());
+  // Work elsewhere in /var is fine (/var/www, Silverblue's /var/home).
   char tmp[] = "/var/tmp/agentvfs-ws-XXXXXX";
   ASSERT_NE(mkdtemp(tmp), nullptr);
   EXPECT_OK(Create(tmp));
   rmdir(tmp);
+  char www[] = "/var/agentvfs-ws-XXXXXX";
+  ASSERT_NE(mkdtemp(www), nullptr);
+  EXPECT_OK(Create(www));
+  rmdir(www);
 }
 
 // A workspace named through a symlink is refused, saying which directory
@@ -237,8 +243,11 @@ TEST_F(SandboxSecretsTest, AWorkspaceNamedThroughALinkIsRefused) {
                         " (to " + dir_.Sub("elsewhere") + ")"));
   EXPECT_THAT(sb.error().message,
               HasSubstr("--workspace " + dir_.Sub("elsewhere")));
-  // Also as a relative path with a link on the way.
+  // The hint names the directory the path leads to, not the link's target.
   ASSERT_EQ(mkdir(dir_.Sub("elsewhere/inner").c_str(), 0755), 0);
+  EXPECT_THAT(Create(dir_.Sub("ws/project/inner")).error().message,
+              HasSubstr("--workspace " + dir_.Sub("elsewhere/inner")));
+  // Also as a relative path with a link on the way.
   char cwd[PATH_MAX];
   ASSERT_NE(getcwd(cwd, sizeof cwd), nullptr);
   ASSERT_EQ(chdir(dir_.Sub("ws").c_str()), 0);

@@ -1157,6 +1157,51 @@ TEST_P(StoreConflictsInOneProcess, AFailedCommitIsToldToEveryDescriptorInIt) {
   EXPECT_EQ(now, "base\nagain\n");
   ASSERT_OK_AND_ASSIGN(auto history, backend->History(a, P(path)));
   EXPECT_EQ(history.size(), 2u);
+
+  // A failed fsync keeps the draft: the retry commits it.
+  ASSERT_OK_AND_ASSIGN(auto s1,
+                       backend->Open(a, P(path), O_WRONLY | O_APPEND, 0));
+  ASSERT_OK(s1->Write("synced\n", 7, 0));
+  engine->FailNextOnThisThread();
+  EXPECT_ERRNO(s1->Sync(false), EIO);
+  ASSERT_OK(s1->Sync(false));
+  ASSERT_OK(s1->Flush());
+  ASSERT_OK_AND_ASSIGN(now, ReadPath(*backend, a, path));
+  EXPECT_EQ(now, "base\nagain\nsynced\n");
+
+  // A descriptor whose write more failed commits than are kept about went
+  // into is told its bytes may not have been committed, not that they
+  // were.
+  ASSERT_OK_AND_ASSIGN(auto old,
+                       backend->Open(a, P(path), O_WRONLY | O_APPEND, 0));
+  ASSERT_OK(old->Write("old\n", 4, 0));
+  for (int i = 0; i < 17; ++i) {
+    ASSERT_OK_AND_ASSIGN(auto f,
+                         backend->Open(a, P(path), O_WRONLY | O_APPEND, 0));
+    ASSERT_OK(f->Write("x\n", 2, 0));
+    engine->FailNextOnThisThread();
+    ASSERT_ERRNO(f->Flush(), EIO);
+  }
+  auto maybe = old->Flush();
+  ASSERT_ERRNO(maybe, EIO);
+  EXPECT_NE(maybe.error().message.find("may not have been committed"),
+            std::string::npos)
+      << maybe.error().message;
+  old.reset();
+
+  // Dropping the session's changes (a failed edit of the harness) is told
+  // to the other descriptors that wrote into them.
+  ASSERT_OK_AND_ASSIGN(auto edit, backend->Open(a, P(path), O_RDWR, 0));
+  ASSERT_OK_AND_ASSIGN(auto bash,
+                       backend->Open(a, P(path), O_WRONLY | O_APPEND, 0));
+  ASSERT_OK(bash->Write("from bash\n", 10, 0));
+  ASSERT_OK(edit->Write("E", 1, 0));
+  edit->Discard();
+  EXPECT_ERRNO(bash->Flush(), EIO);
+  edit.reset();
+  bash.reset();
+  ASSERT_OK_AND_ASSIGN(now, ReadPath(*backend, a, path));
+  EXPECT_EQ(now, "base\nagain\nsynced\n");
 }
 
 // A descriptor kept open after its flush (dup(2), a child) keeps the

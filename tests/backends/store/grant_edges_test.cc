@@ -292,6 +292,18 @@ TEST_P(GrantEdgesTest, ALinkToANameInAHiddenFolderTellsNothingOfIt) {
   EXPECT_OK(backend_->ReadDir(alice_, P("/memories/users/alice/to-dir/sub")));
   EXPECT_ERRNO(backend_->ReadDir(alice_, P("/memories/users/alice/to-dir")),
                ENOTDIR);
+  // `..` or `.` after a file in a link's target is ENOTDIR, as in the
+  // kernel, not a way up.
+  ASSERT_OK(backend_->Symlink(alice_, "file.md/../dir",
+                              P("/memories/users/alice/via-file")));
+  ASSERT_OK(backend_->Symlink(alice_, "file.md/.",
+                              P("/memories/users/alice/file-dot")));
+  ASSERT_OK(Put(alice_, "/memories/users/alice/dir/x", "x\n"));
+  EXPECT_ERRNO(backend_->Stat(alice_, P("/memories/users/alice/via-file/x")),
+               ENOTDIR);
+  EXPECT_ERRNO(
+      backend_->Open(alice_, P("/memories/users/alice/file-dot"), O_RDONLY, 0),
+      ENOTDIR);
 }
 
 // Restore makes the missing directories above a deleted file only where

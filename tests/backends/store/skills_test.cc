@@ -704,9 +704,13 @@ TEST_F(SkillsTest, ValidateSkillFolderFollowsLinksOnTheWayOut) {
   ASSERT_EQ(symlink("../up/..", host_.Sub("pdf/e/ee").c_str()), 0);
   ASSERT_EQ(symlink("e/ee/../secret", host_.Sub("pdf/chain").c_str()), 0);
   ASSERT_EQ(symlink("up/../missing/file", host_.Sub("pdf/far").c_str()), 0);
+  // `..` after a file: the kernel stops there (ENOTDIR); it is no way in.
+  ASSERT_EQ(symlink("SKILL.md/../e/ee/../secret", host_.Sub("pdf/ev").c_str()),
+            0);
   auto r = ValidateSkillFolder(host_.Sub("pdf"));
   ASSERT_FALSE(r.has_value());
-  for (const char* bad : {"pdf/leak", "pdf/e/ee", "pdf/chain", "pdf/far"}) {
+  for (const char* bad :
+       {"pdf/leak", "pdf/e/ee", "pdf/chain", "pdf/far", "pdf/ev"}) {
     EXPECT_NE(r.error().message.find(host_.Sub(bad) + ": a symlink to"),
               std::string::npos)
         << bad << ": " << r.error().message;
