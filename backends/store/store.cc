@@ -1276,7 +1276,7 @@ class StoreFile final : public vfs::FileHandle {
     if (!can_write_) return Fail(EBADF, "file not open for writing");
     if (discarded_) return Fail(EBADF, "this handle's writes were discarded");
     std::lock_guard lock(node_->mu);
-    TRY(EarlierWritesLostLocked());
+    TRY(TellLossAtWriteLocked());
     TRY(EnsureLeaseLocked());
     TRY(EnsureDraftLocked());
     if (flags_ & O_APPEND) offset = node_->draft->Size();
@@ -1317,7 +1317,7 @@ class StoreFile final : public vfs::FileHandle {
     if (!can_write_) return Fail(EINVAL, "file not open for writing");
     if (discarded_) return Fail(EBADF, "this handle's writes were discarded");
     std::lock_guard lock(node_->mu);
-    TRY(EarlierWritesLostLocked());
+    TRY(TellLossAtWriteLocked());
     TRY(EnsureLeaseLocked());
     TRY(EnsureDraftLocked());
     TRY(node_->draft->Truncate(size));
@@ -1403,9 +1403,13 @@ class StoreFile final : public vfs::FileHandle {
       FailEpochLocked(result.error());
       node_->created = false;
       DropDraftLocked();
+      // What this handle wrote is lost: every close and fsync of it says
+      // so, not only this one (dup(2) and fork share the handle, and the
+      // call that failed may have been a child's close-on-exec).
+      if (wrote_ && write_epoch_ == node_->epoch) lost_ = result.error();
     }
     ++node_->epoch;
-    wrote_ = false;  // this handle is told now, either way
+    wrote_ = false;
     return result;
   }
 
@@ -1432,24 +1436,38 @@ class StoreFile final : public vfs::FileHandle {
     write_epoch_ = node_->epoch;
   }
 
-  // The failure of a commit (through another handle of the session) that
-  // held what this handle wrote, told once.
+  // The failure of a commit that held what this handle wrote (its own, or
+  // one through another handle of the session). Every close and fsync of
+  // the handle reports it: processes share a handle (dup(2), fork), and a
+  // close by one that never wrote must not use it up. Its next write is
+  // told, and that clears it (TellLossAtWriteLocked): the writer knows.
   Status EarlierWritesLostLocked() {
-    if (!wrote_ || write_epoch_ >= node_->epoch) return {};
-    wrote_ = false;
-    auto it = node_->failed.find(write_epoch_);
-    if (it == node_->failed.end()) {
-      if (write_epoch_ > node_->forgotten) return {};  // committed
-      return Fail(EIO,
-                  "what was written through this descriptor may not have "
-                  "been committed (many commits of the session's other "
-                  "descriptors of the file failed since); read the file");
+    if (wrote_ && write_epoch_ < node_->epoch) {
+      wrote_ = false;
+      auto it = node_->failed.find(write_epoch_);
+      if (it != node_->failed.end()) {
+        lost_ = vfs::Error{
+            it->second.code,
+            "what was written through this descriptor was not committed "
+            "(the session's commit of the file through another descriptor "
+            "failed: " +
+                it->second.message + ")"};
+      } else if (write_epoch_ <= node_->forgotten) {
+        lost_ = vfs::Error{
+            EIO,
+            "what was written through this descriptor may not have been "
+            "committed (many commits of the session's other descriptors of "
+            "the file failed since); read the file"};
+      }
     }
-    return Fail(it->second.code,
-                "what was written through this descriptor was not committed "
-                "(the session's commit through another descriptor of the "
-                "file failed: " +
-                    it->second.message + ")");
+    if (lost_) return std::unexpected(*lost_);
+    return {};
+  }
+
+  Status TellLossAtWriteLocked() {
+    auto lost = EarlierWritesLostLocked();
+    lost_.reset();
+    return lost;
   }
 
   // A handle writing again after its session's draft went (a flush let the
@@ -1632,6 +1650,8 @@ class StoreFile final : public vfs::FileHandle {
   // Written through since its last flush, in node_->epoch `write_epoch_`.
   bool wrote_ = false;
   int64_t write_epoch_ = 0;
+  // What this handle wrote was not committed (EarlierWritesLostLocked).
+  std::optional<vfs::Error> lost_;
   // What a read handle reads when its session has no draft.
   std::string content_;
   int64_t size_;

@@ -428,6 +428,9 @@ TEST_P(GrantEdgesTest, AHandleOpenedBeforeAGrantWentCommitsNothingAfter) {
   EXPECT_NE(flushed.error().message.find("nothing was committed"),
             std::string::npos)
       << flushed.error().message;
+  // The next write is told too; the one after goes into a new draft,
+  // which commits nothing either.
+  EXPECT_ERRNO(f->Write("again\n", 6, 0), ENOENT);
   ASSERT_OK(f->Write("again\n", 6, 0));
   EXPECT_ERRNO(f->Sync(false), ENOENT);
   f.reset();
