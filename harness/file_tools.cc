@@ -174,9 +174,9 @@ ToolResult FileTools::Run(const json& input, bool memory) {
     auto text = StringField(input, key);
     if (!text) return std::unexpected(text.error());
     if (text->empty() || (*text)[0] != '/')
-      return Fail(EINVAL, "`" + std::string(key) +
-                              "` must be an absolute "
-                              "path such as /workspace/notes.md, not '" +
+      return Fail(EINVAL, std::string("`").append(key).append(
+                              "` must be an absolute path such as "
+                              "/workspace/notes.md, not '") +
                               *text + "'");
     auto p = vfs::Path::Parse(*text);
     if (!p)

@@ -9,6 +9,7 @@
 #include <linux/audit.h>
 #include <linux/filter.h>
 #include <linux/keyctl.h>
+#include <linux/openat2.h>
 #include <linux/seccomp.h>
 #include <poll.h>
 #include <pwd.h>
@@ -950,6 +951,18 @@ vfs::Result<std::unique_ptr<Sandbox>> Sandbox::Create(SandboxOptions options) {
     return std::unexpected(ok.error());
   if (auto ok = NotThroughALink(options.workspace, real); !ok)
     return std::unexpected(ok.error());
+  // The directory checked, pinned: `real` has no symlinks, so none swapped
+  // in since (an agent working in the directory above) is followed.
+  struct open_how how = {};
+  how.flags = O_PATH | O_DIRECTORY | O_CLOEXEC;
+  how.resolve = RESOLVE_NO_SYMLINKS;
+  long ws_fd = syscall(SYS_openat2, AT_FDCWD, real, &how, sizeof(how));
+  if (ws_fd < 0)
+    return Fail(errno == ELOOP ? EINVAL : errno,
+                "workspace '" + options.workspace +
+                    "' changed while it was "
+                    "checked (" +
+                    ErrText(errno) + "); name it again");
   options.workspace = real;
   if (auto ok = NoSecretInside(options); !ok)
     return std::unexpected(ok.error());
@@ -958,6 +971,7 @@ vfs::Result<std::unique_ptr<Sandbox>> Sandbox::Create(SandboxOptions options) {
                 (options.host_gid && *options.host_gid != getegid())))
     return Fail(EPERM, "only root can run the sandbox under another uid");
   std::unique_ptr<Sandbox> sb(new Sandbox(std::move(options)));
+  sb->workspace_fd_ = static_cast<int>(ws_fd);
   sb->launcher_ = std::make_unique<Launcher>();
   if (root && (!sb->options_.host_uid || !sb->options_.host_gid)) {
     // An id no other live session, account or process has (host_ids.h).
@@ -1107,7 +1121,7 @@ vfs::Status Sandbox::MapWorkspace() {
   // the owner's. The mapping is a user namespace made for the purpose by a
   // child that waits while its maps are written.
   struct stat st;
-  if (stat(options_.workspace.c_str(), &st) != 0)
+  if (fstat(workspace_fd_, &st) != 0)
     return Fail(errno, "workspace: " + ErrText(errno));
   int sync[2];
   if (pipe2(sync, O_CLOEXEC) != 0) return Fail(errno, "pipe");
@@ -1159,8 +1173,9 @@ vfs::Status Sandbox::MapWorkspace() {
   // With the mounts inside the workspace (AT_RECURSIVE), each idmapped
   // too: without them, a bind mount in the workspace looked empty to the
   // sandbox, and what it wrote there landed hidden under the mount.
-  int tree = open_tree(AT_FDCWD, options_.workspace.c_str(),
-                       OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC | AT_RECURSIVE);
+  int tree = open_tree(
+      workspace_fd_, "",
+      AT_EMPTY_PATH | OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC | AT_RECURSIVE);
   int err = 0;
   if (tree < 0) {
     err = errno;
@@ -1334,10 +1349,16 @@ vfs::Status Sandbox::EnsureRunning(bool* fresh) {
   }
   for (const auto& p : options_.extra_ro_binds)
     a.insert(a.end(), {"--ro-bind", p, p});
-  a.insert(a.end(), {"--proc", "/proc", "--dev", "/dev", "--bind",
-                     inst->run_dir + "/tmp", "/tmp", "--bind",
-                     inst->run_dir + "/home", home, "--symlink", "/tmp",
-                     "/var/tmp", "--bind", workspace_, "/workspace"});
+  a.insert(a.end(),
+           {"--proc", "/proc", "--dev", "/dev", "--bind",
+            inst->run_dir + "/tmp", "/tmp", "--bind", inst->run_dir + "/home",
+            home, "--symlink", "/tmp", "/var/tmp"});
+  // The idmapped bind (root) is in the session's own directory; otherwise
+  // the directory checked at Create, by its descriptor (fd 6 below).
+  if (workspace_ != options_.workspace)
+    a.insert(a.end(), {"--bind", workspace_, "/workspace"});
+  else
+    a.insert(a.end(), {"--bind-fd", "6", "/workspace"});
   if (view_) {
     a.insert(a.end(), {"--bind", view_->mountpoint + "/memories", "/memories",
                        "--bind", view_->mountpoint + "/skills", "/skills"});
@@ -1373,6 +1394,7 @@ vfs::Status Sandbox::EnsureRunning(bool* fresh) {
   const bool drop = drop_;
   const uid_t uid = host_uid_;
   const gid_t gid = host_gid_;
+  const int ws_pinned = workspace_fd_;
   // bwrap is forked by the launcher thread, which lives as long as this
   // Sandbox: --die-with-parent (the death signal of the forking *thread*)
   // then ends the sandbox exactly when the session or this process ends,
@@ -1410,10 +1432,12 @@ vfs::Status Sandbox::EnsureRunning(bool* fresh) {
       int sock_fd = fcntl(sp[1], F_DUPFD_CLOEXEC, 10);
       int info_fd = fcntl(info[1], F_DUPFD_CLOEXEC, 10);
       int filter_fd = fcntl(seccomp_fd, F_DUPFD_CLOEXEC, 10);
+      int ws_fd = fcntl(ws_pinned, F_DUPFD_CLOEXEC, 10);
       dup2(sock_fd, 3);
       dup2(info_fd, 4);
       dup2(filter_fd, 5);
-      syscall(SYS_close_range, 6, ~0U, 0);
+      dup2(ws_fd, 6);  // the workspace (--bind-fd 6), when not idmapped
+      syscall(SYS_close_range, 7, ~0U, 0);
       execve(argv[0][0] == '/' ? argv[0] : "/usr/bin/bwrap", argv.data(), envp);
       if (argv[0][0] != '/') {
         // Not found where Debian puts it: search PATH ourselves.
@@ -1895,6 +1919,8 @@ void Sandbox::Close() {
     workspace_ = options_.workspace;
   }
   if (!dir_.empty()) RemoveTree(dir_);
+  if (workspace_fd_ >= 0) close(workspace_fd_);
+  workspace_fd_ = -1;
   host_id_.Release();  // its processes are gone: another session may take it
 }
 

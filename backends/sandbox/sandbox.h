@@ -191,6 +191,9 @@ class Sandbox {
   bool drop_ = false;      // root running the sandbox as host_uid_
   HostIdLease host_id_;    // the picked host id, held until Close()
   std::string workspace_;  // what is bound at /workspace
+  // The workspace directory as checked (O_PATH), opened once: what is
+  // bound is that directory, not whatever its path names later.
+  int workspace_fd_ = -1;
   vfs::Status MapWorkspace();
   // Lock order: run_mu_, then instance_mu_.
   std::mutex run_mu_;  // one command at a time; guards view_ and the rest
