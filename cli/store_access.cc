@@ -77,8 +77,9 @@ vfs::Result<YAML::Node> LoadConfig() {
   if (::stat(config.c_str(), &st) != 0) {
     // None is fine (messages that mention it name the path used).
     if (errno == ENOENT) return YAML::Node();
-    return vfs::Fail(EACCES, "the config file " + config +
-                                 " cannot be read: " + strerror(errno));
+    const int err = errno == EACCES || errno == EPERM ? EACCES : EIO;
+    return vfs::Fail(err, "the config file " + config +
+                              " cannot be read: " + strerror(errno));
   }
   if (!S_ISREG(st.st_mode))
     return vfs::Fail(EINVAL, "the config file " + config +

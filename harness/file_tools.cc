@@ -212,15 +212,20 @@ ToolResult FileTools::Run(const json& input, bool memory) {
     if (!p) return bad(p.error().message);
     return View(*p, input);
   }
-  // A path that ends in '/' names a directory: never a file to write.
+  // A path that ends in '/' (or '/.', '/..') names a directory: never a
+  // file to write (normalised, `a.txt/.` would have written a.txt, where
+  // the kernel says ENOTDIR).
   auto file_path = [&](const char* key) -> vfs::Result<vfs::Path> {
     auto p = parse(key);
     if (!p) return p;
     const std::string text = *StringField(input, key);
-    if (text.size() > 1 && text.back() == '/')
-      return Fail(EINVAL, "`" + std::string(key) + "` '" + text +
-                              "' ends with '/', which names a directory; "
-                              "give the path of a file");
+    for (const char* end : {"/", "/.", "/.."}) {
+      if (text.size() > 1 && text.ends_with(end))
+        return Fail(EINVAL, std::string("`").append(key) + "` '" + text +
+                                "' ends with '" + end +
+                                "', which names a directory; give the path "
+                                "of a file");
+    }
     return p;
   };
   if (*command == "create") {

@@ -357,6 +357,13 @@ TEST_F(FileToolsTest, ErrorsNameTheWorkspacePathsTheModelUsed) {
   EXPECT_TRUE(r.is_error);
   EXPECT_THAT(r.text, HasSubstr("ends with '/', which names a directory"));
   EXPECT_NE(access(ws_->Sub("dir").c_str(), F_OK), 0);
+  // Nor with '/.' or '/..' (normalised away, `a.txt/.` wrote a.txt).
+  for (const char* p : {"/workspace/a.txt/.", "/workspace/b/.."}) {
+    r = Edit({{"command", "create"}, {"path", p}, {"file_text", "x"}});
+    EXPECT_TRUE(r.is_error) << p;
+    EXPECT_THAT(r.text, HasSubstr("which names a directory")) << p;
+  }
+  EXPECT_NE(access(ws_->Sub("a.txt").c_str(), F_OK), 0);
 }
 
 // A symlink to a directory is listed as its directory; one that leads out
