@@ -16,6 +16,7 @@
 #include <sys/resource.h>
 #include <sys/signalfd.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <termios.h>
 #include <unistd.h>
@@ -261,6 +262,11 @@ int main(int argc, char** argv) {
     perror("agentvfs-sandbox-init: control socket");
     return 2;
   }
+  // Nothing else bwrap left open reaches the sandbox's commands: a
+  // descriptor of a host directory (the workspace's, which bwrap bound
+  // with --bind-fd) would lead out of the sandbox through its "..".
+  if (g_sock > 3) syscall(SYS_close_range, 3, g_sock - 1, 0);
+  syscall(SYS_close_range, g_sock + 1, ~0U, 0);
   prctl(PR_SET_DUMPABLE, 0);
   sigset_t mask;
   sigemptyset(&mask);

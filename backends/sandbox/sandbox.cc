@@ -1394,7 +1394,10 @@ vfs::Status Sandbox::EnsureRunning(bool* fresh) {
   const bool drop = drop_;
   const uid_t uid = host_uid_;
   const gid_t gid = host_gid_;
-  const int ws_pinned = workspace_fd_;
+  // Only bwrap's --bind-fd gets the workspace's descriptor: a descriptor
+  // of a host directory inside the sandbox would lead out of it
+  // (/proc/self/fd/6/.. is the workspace's parent on the host).
+  const int ws_pinned = workspace_ != options_.workspace ? -1 : workspace_fd_;
   // bwrap is forked by the launcher thread, which lives as long as this
   // Sandbox: --die-with-parent (the death signal of the forking *thread*)
   // then ends the sandbox exactly when the session or this process ends,
@@ -1432,12 +1435,12 @@ vfs::Status Sandbox::EnsureRunning(bool* fresh) {
       int sock_fd = fcntl(sp[1], F_DUPFD_CLOEXEC, 10);
       int info_fd = fcntl(info[1], F_DUPFD_CLOEXEC, 10);
       int filter_fd = fcntl(seccomp_fd, F_DUPFD_CLOEXEC, 10);
-      int ws_fd = fcntl(ws_pinned, F_DUPFD_CLOEXEC, 10);
+      int ws_fd = ws_pinned >= 0 ? fcntl(ws_pinned, F_DUPFD_CLOEXEC, 10) : -1;
       dup2(sock_fd, 3);
       dup2(info_fd, 4);
       dup2(filter_fd, 5);
-      dup2(ws_fd, 6);  // the workspace (--bind-fd 6), when not idmapped
-      syscall(SYS_close_range, 7, ~0U, 0);
+      if (ws_fd >= 0) dup2(ws_fd, 6);  // --bind-fd 6, when not idmapped
+      syscall(SYS_close_range, ws_fd >= 0 ? 7 : 6, ~0U, 0);
       execve(argv[0][0] == '/' ? argv[0] : "/usr/bin/bwrap", argv.data(), envp);
       if (argv[0][0] != '/') {
         // Not found where Debian puts it: search PATH ourselves.

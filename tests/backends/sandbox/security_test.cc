@@ -209,6 +209,17 @@ TEST_F(SandboxTest, ProcessesRunUnderAnUnprivilegedHostUid) {
   }
 }
 
+// A command inherits only its standard descriptors: no descriptor of the
+// sandbox's making reaches it. (The workspace's, given to bwrap for
+// --bind-fd, did, and `ls /proc/self/fd/6/..` listed the workspace's
+// parent on the host.) The init's control socket is not inherited either.
+TEST_F(SandboxTest, ACommandInheritsOnlyItsStandardDescriptors) {
+  auto r = Sh("ls /proc/self/fd | tr '\\n' ' '; ls /proc/self/fd/6/.. 2>&1");
+  EXPECT_EQ(r.out.text.substr(0, r.out.text.find('l')), "0 1 2 3 ")
+      << r.out.text;
+  EXPECT_THAT(r.out.text, HasSubstr("No such file or directory"));
+}
+
 // The tools the attempts use are there, so a "stopped" is not a
 // "command not found".
 TEST_F(SandboxTest, TheAttemptsToolsExistInside) {
