@@ -756,6 +756,20 @@ class StoreBackend::Impl {
     return {};
   }
 
+  // Gives the session's node of a file a new draft based on `version`,
+  // holding `content` (nullptr: empty), clean (node.mu held).
+  Status SeedDraft(OpenNode& node, const std::string* content,
+                   int64_t version) {
+    auto draft = std::make_unique<Draft>(scratch_);
+    if (content != nullptr) TRY(CopyContentTo(*content, *draft));
+    node.draft = std::move(draft);
+    node.has_draft = true;
+    node.base_version = version;
+    node.dirty = false;
+    node.last_write_ns = 0;
+    return {};
+  }
+
   // Writes the content `hash` into `draft` from offset 0.
   Status CopyContentTo(const std::string& hash, Draft& draft) {
     if (hash.empty()) return {};
@@ -1337,8 +1351,7 @@ class StoreFile final : public vfs::FileHandle {
         // A failed fsync changes nothing: the draft stays, and the close
         // (or another fsync) tries again.
         TRY(impl_.Commit(caller_, *node_, Durability::kFull, false));
-        ++node_->epoch;
-        wrote_ = false;
+        EndEpochLocked();
         return {};
       }
     }
@@ -1350,8 +1363,7 @@ class StoreFile final : public vfs::FileHandle {
     std::lock_guard lock(node_->mu);
     if (auto lost = EarlierWritesLostLocked(); !lost) {
       if (holds_lease_) (void)ReleaseLeaseLocked();
-      if (node_->lease_holders == 0 && !node_->dirty && !node_->created)
-        DropDraftLocked();
+      DropDraftIfUnleasedLocked();
       return lost;
     }
     if (node_->created && !node_->dirty) {
@@ -1383,13 +1395,17 @@ class StoreFile final : public vfs::FileHandle {
       auto released = ReleaseLeaseLocked();
       if (result && !released) result = released;
     }
-    // With no lease, a clean draft would only go stale: another session
-    // may commit now, and this session's reads and next open must see that
-    // (a descriptor kept by dup(2) or a child keeps the handle open). A
-    // write through a handle still open makes it again.
+    DropDraftIfUnleasedLocked();
+    return result;
+  }
+
+  // With no lease, a clean draft would only go stale: another session may
+  // commit now, and this session's reads and next open must see that (a
+  // descriptor kept by dup(2) or a child keeps the handle open). A write
+  // through a handle still open makes it again.
+  void DropDraftIfUnleasedLocked() {
     if (node_->lease_holders == 0 && !node_->dirty && !node_->created)
       DropDraftLocked();
-    return result;
   }
 
   // Commits the session's draft, ending the current epoch. When the commit
@@ -1408,9 +1424,15 @@ class StoreFile final : public vfs::FileHandle {
       // call that failed may have been a child's close-on-exec).
       if (wrote_ && write_epoch_ == node_->epoch) lost_ = result.error();
     }
+    EndEpochLocked();
+    return result;
+  }
+
+  // A commit attempt ended the epoch; this handle's own writes were in it
+  // (and it was told the outcome).
+  void EndEpochLocked() {
     ++node_->epoch;
     wrote_ = false;
-    return result;
   }
 
   // Records that the writes of the current epoch were not committed.
@@ -1487,12 +1509,7 @@ class StoreFile final : public vfs::FileHandle {
                               " was changed by another session since this "
                               "session last wrote it; read it again");
     }
-    auto draft = std::make_unique<Draft>(impl_.scratch_);
-    TRY(impl_.CopyContentTo(current.content, *draft));
-    node_->draft = std::move(draft);
-    node_->has_draft = true;
-    node_->dirty = false;
-    return {};
+    return impl_.SeedDraft(*node_, &current.content, current.version);
   }
 
   // Drops the session's uncommitted changes to the file (the draft is the
@@ -1961,17 +1978,11 @@ Result<std::unique_ptr<vfs::FileHandle>> StoreBackend::Open(const Caller& c,
     inode = current;
   }
   if (!node->draft) {
-    auto draft = std::make_unique<Draft>(impl_->scratch_);
-    if (!(flags & O_TRUNC) && !created) {
-      if (auto ok = impl_->CopyContentTo(inode.content, *draft); !ok) {
-        return undo(ok.error());
-      }
-    }
-    node->draft = std::move(draft);
-    node->has_draft = true;
-    node->base_version = inode.version;
-    node->dirty = false;
-    node->last_write_ns = 0;
+    const bool copy = !(flags & O_TRUNC) && !created;
+    if (auto ok = impl_->SeedDraft(*node, copy ? &inode.content : nullptr,
+                                   inode.version);
+        !ok)
+      return undo(ok.error());
   }
   // (A file this open made is empty already: O_TRUNC changes nothing.)
   if ((flags & O_TRUNC) && !created) {
